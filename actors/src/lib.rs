@@ -1,0 +1,3 @@
+//! caracal-actors
+pub mod pages;
+pub mod radix;

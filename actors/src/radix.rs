@@ -1,0 +1,1406 @@
+//! Radix tree mapping token prefixes to cached KV pages (session memory).
+//!
+//! Modelled on SGLang's `RadixCache` with `page_size > 1` (RadixAttention): a compressed
+//! trie whose edges are token segments, page granular. It is plain state owned by the
+//! SessionMemory actor: single-threaded, no locks, no channels.
+//!
+//! # Keys
+//! Key elements are `u64`. Text token ids are widened to `u64`; a media span (image,
+//! audio or video patch tokens) is keyed by values the caller derives from the content
+//! hash of the media (for example one hash-derived value per placeholder position), so
+//! that the same picture at the same place hits the cache and a different picture with
+//! the same placeholder ids does not. The tree only compares values.
+//!
+//! # Pages
+//! Each node stores a key segment whose length is a multiple of `page_size`, and one page
+//! id per `page_size` tokens of that segment. Only whole pages are stored: inserting a key
+//! of `L` tokens stores `L / page_size` pages, and a match returns whole pages only. The
+//! tree holds one reference to every page it stores (see [`crate::pages`]); it hands the
+//! page ids back from [`RadixCache::evict`] and the caller releases them.
+//!
+//! # Recurrent-state snapshots (hybrid KDA models)
+//! A KDA layer's recurrent state cannot be cut at an arbitrary token, so a prefix hit for
+//! a hybrid model is valid only where a state snapshot was actually written. A node may
+//! carry a [`SnapshotId`] meaning "a snapshot exists for the prefix ending exactly at the
+//! end of this node"; [`RadixCache::set_snapshot`] splits a node so that the boundary is a
+//! node end, and [`RadixCache::match_prefix_with_snapshot`] returns the longest cached
+//! prefix that ends at such a boundary. A snapshot dies with the node that carries it.
+//!
+//! # Locks and eviction
+//! A running request locks the node at the end of its matched prefix
+//! ([`RadixCache::lock`]); the lock counts on that node and every ancestor, and locked
+//! nodes are never evicted. [`RadixCache::evict`] removes least-recently-used unlocked
+//! leaves (by a monotonic access tick, not wall time), repeatedly, since a parent becomes
+//! a leaf when its last child goes. Because a lock covers all ancestors, every unlocked
+//! node's whole subtree is unlocked, so [`RadixCache::evictable_pages`] pages can always
+//! be evicted.
+//!
+//! # Node ids
+//! [`NodeId`] carries a generation, so a handle to a node that was evicted (and whose
+//! slot was reused) is rejected with [`RadixError::StaleNode`] instead of touching an
+//! unrelated node. Splitting keeps the original node as the lower part: a [`NodeId`] held
+//! by a caller keeps naming the same prefix end.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+
+use thiserror::Error;
+
+/// Caller-chosen id of a recurrent-state (KDA) snapshot stored outside the tree.
+pub type SnapshotId = u64;
+
+/// Slot index of the root node, which always exists and never holds pages.
+const ROOT: u32 = 0;
+
+/// Errors of [`RadixCache`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RadixError {
+    /// `page_size` was 0.
+    #[error("page_size must be at least 1, got 0")]
+    ZeroPageSize,
+    /// A boundary was not a multiple of the page size.
+    #[error("boundary of {tokens} tokens is not a multiple of page_size {page_size}")]
+    NotPageAligned {
+        /// Length of the key given.
+        tokens: usize,
+        /// The tree's page size.
+        page_size: usize,
+    },
+    /// A snapshot was set at token 0 (the empty prefix needs no snapshot).
+    #[error("a snapshot boundary must be after at least one page, got 0 tokens")]
+    EmptyBoundary,
+    /// A snapshot boundary lies beyond what the tree caches for that key.
+    #[error("boundary at {tokens} tokens is not cached (only {cached} tokens of that key are)")]
+    NotCached {
+        /// Boundary asked for.
+        tokens: usize,
+        /// Length of the cached prefix of the key.
+        cached: usize,
+    },
+    /// `insert` got a page count that does not match the key's whole pages.
+    #[error("key of {tokens} tokens with page_size {page_size} needs {expected} pages, got {got}")]
+    PageCountMismatch {
+        /// Length of the key given.
+        tokens: usize,
+        /// The tree's page size.
+        page_size: usize,
+        /// `tokens / page_size`.
+        expected: usize,
+        /// Pages given.
+        got: usize,
+    },
+    /// A [`NodeId`] names a node that no longer exists (it was evicted).
+    #[error("node {0:?} no longer exists")]
+    StaleNode(NodeId),
+    /// `unlock` on a node whose lock count is already 0.
+    #[error("node {0:?} is not locked")]
+    NotLocked(NodeId),
+    /// `check_invariants` found the tree inconsistent (a bug in this module).
+    #[error("radix tree invariant broken: {0}")]
+    InvariantBroken(String),
+}
+
+/// Handle to a node of a [`RadixCache`]; stays valid until that node is evicted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NodeId {
+    /// Slot index in the node arena.
+    index: u32,
+    /// Generation of the slot when the handle was made; a reused slot has a newer one.
+    generation: u32,
+}
+
+/// Result of [`RadixCache::match_prefix`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// Tokens of the key covered by cached pages (a multiple of the page size).
+    pub tokens: usize,
+    /// Pages backing those tokens, in order (`tokens / page_size` of them).
+    pub pages: Vec<u32>,
+    /// Node ending exactly at `tokens` (the root when nothing matched); lock it while
+    /// the pages are in use.
+    pub node: NodeId,
+}
+
+/// Result of [`RadixCache::match_prefix_with_snapshot`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotMatch {
+    /// Tokens of the key covered, ending at a boundary with a written snapshot.
+    pub tokens: usize,
+    /// Pages backing those tokens, in order.
+    pub pages: Vec<u32>,
+    /// Node ending exactly at `tokens`; lock it while the pages and state are in use.
+    pub node: NodeId,
+    /// Snapshot of the recurrent state after exactly `tokens` tokens.
+    pub snapshot: SnapshotId,
+}
+
+/// Result of [`RadixCache::insert`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InsertResult {
+    /// Node ending exactly at the inserted whole-page prefix (the root for an empty one).
+    pub node: NodeId,
+    /// The caller's pages for positions the tree already cached; the tree did not take
+    /// them, so the caller releases them. They may be the tree's own page ids (when the
+    /// caller got them from a match and retained them): releasing drops the caller's
+    /// reference either way.
+    pub duplicate_pages: Vec<u32>,
+    /// How many of the caller's pages the tree took ownership of.
+    pub new_pages: usize,
+}
+
+/// What [`RadixCache::evict`] removed; the caller releases the pages and drops the
+/// snapshots.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Evicted {
+    /// Pages the tree no longer holds.
+    pub pages: Vec<u32>,
+    /// Snapshots whose boundary was removed.
+    pub snapshots: Vec<SnapshotId>,
+}
+
+/// One node of the tree: a key segment and the pages backing it.
+#[derive(Debug, Clone)]
+struct Node {
+    /// Key segment from the parent's end to this node's end; a multiple of the page size,
+    /// non-empty except at the root.
+    key: Vec<u64>,
+    /// One page per `page_size` tokens of `key`.
+    pages: Vec<u32>,
+    /// Parent slot; `None` only for the root.
+    parent: Option<u32>,
+    /// Children keyed by the key elements of their first page (distinct by construction).
+    children: HashMap<Box<[u64]>, u32>,
+    /// Number of locks on this node or any descendant; > 0 means not evictable.
+    lock_ref: u32,
+    /// Tick of the last match or insert that passed through this node (LRU order).
+    last_access: u64,
+    /// Snapshot of the recurrent state at the end of this node, if one was written.
+    snapshot: Option<SnapshotId>,
+}
+
+impl Node {
+    fn new(key: Vec<u64>, pages: Vec<u32>, parent: Option<u32>, tick: u64) -> Self {
+        Self {
+            key,
+            pages,
+            parent,
+            children: HashMap::new(),
+            lock_ref: 0,
+            last_access: tick,
+            snapshot: None,
+        }
+    }
+}
+
+/// Arena slot; a freed slot keeps its generation bumped so old handles fail.
+#[derive(Debug, Clone)]
+struct Slot {
+    /// Incremented each time the slot's node is removed.
+    generation: u32,
+    /// The node, or `None` while the slot is free.
+    node: Option<Node>,
+}
+
+/// Page-granular radix tree over token keys; see the module docs.
+#[derive(Debug, Clone)]
+pub struct RadixCache {
+    /// Tokens per page (≥ 1).
+    page_size: usize,
+    /// Node arena; slot 0 is the root.
+    slots: Vec<Slot>,
+    /// Free slot indices for reuse.
+    free_slots: Vec<u32>,
+    /// Monotonic access counter, bumped by each match and insert.
+    tick: u64,
+    /// Pages stored in the tree.
+    cached_pages: usize,
+    /// Pages stored in nodes with `lock_ref == 0`.
+    evictable_pages: usize,
+    /// Live nodes other than the root.
+    node_count: usize,
+}
+
+impl RadixCache {
+    /// An empty tree with `page_size` tokens per page (fails on 0).
+    pub fn new(page_size: usize) -> Result<Self, RadixError> {
+        if page_size == 0 {
+            return Err(RadixError::ZeroPageSize);
+        }
+        Ok(Self {
+            page_size,
+            slots: vec![Slot {
+                generation: 0,
+                node: Some(Node::new(Vec::new(), Vec::new(), None, 0)),
+            }],
+            free_slots: Vec::new(),
+            tick: 0,
+            cached_pages: 0,
+            evictable_pages: 0,
+            node_count: 0,
+        })
+    }
+
+    /// Tokens per page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Handle of the root (the empty prefix).
+    pub fn root(&self) -> NodeId {
+        self.id(ROOT)
+    }
+
+    /// Longest cached prefix of `key` in whole pages; marks the path as just used.
+    ///
+    /// Splits a node when the match ends inside it, so that `node` ends exactly at
+    /// `tokens`.
+    pub fn match_prefix(&mut self, key: &[u64]) -> PrefixMatch {
+        let key = self.whole_pages(key);
+        let tick = self.bump_tick();
+        self.get_mut(ROOT).last_access = tick;
+        let (mut cur, mut pos, mut pages) = (ROOT, 0, Vec::new());
+        while pos < key.len() {
+            let Some(child) = self.child(cur, &key[pos..]) else {
+                break;
+            };
+            let common = self.common_len(&self.get(child).key, &key[pos..]);
+            let partial = common < self.get(child).key.len();
+            let end = if partial {
+                self.split(child, common)
+            } else {
+                child
+            };
+            let node = self.get_mut(end);
+            node.last_access = tick;
+            pages.extend_from_slice(&node.pages);
+            pos += common;
+            cur = end;
+            if partial {
+                break;
+            }
+        }
+        PrefixMatch {
+            tokens: pos,
+            pages,
+            node: self.id(cur),
+        }
+    }
+
+    /// Longest cached prefix of `key` that ends at a boundary with a written snapshot;
+    /// `None` when no such boundary is cached. Marks the path to it as just used.
+    ///
+    /// A longer cached prefix without a snapshot is ignored: for a hybrid model the KDA
+    /// state there was never written, and resuming from it would corrupt the output.
+    pub fn match_prefix_with_snapshot(&mut self, key: &[u64]) -> Option<SnapshotMatch> {
+        let key = self.whole_pages(key);
+        let (mut cur, mut pos) = (ROOT, 0);
+        let mut path = Vec::new();
+        // (index into path, tokens, snapshot) of the deepest boundary with a snapshot.
+        let mut best = None;
+        while pos < key.len() {
+            let Some(child) = self.child(cur, &key[pos..]) else {
+                break;
+            };
+            let node = self.get(child);
+            if self.common_len(&node.key, &key[pos..]) < node.key.len() {
+                break;
+            }
+            pos += node.key.len();
+            path.push(child);
+            if let Some(snapshot) = node.snapshot {
+                best = Some((path.len(), pos, snapshot));
+            }
+            cur = child;
+        }
+        let (depth, tokens, snapshot) = best?;
+        let tick = self.bump_tick();
+        self.get_mut(ROOT).last_access = tick;
+        let mut pages = Vec::with_capacity(tokens / self.page_size);
+        for &i in &path[..depth] {
+            let node = self.get_mut(i);
+            node.last_access = tick;
+            pages.extend_from_slice(&node.pages);
+        }
+        Some(SnapshotMatch {
+            tokens,
+            pages,
+            node: self.id(path[depth - 1]),
+            snapshot,
+        })
+    }
+
+    /// Inserts the whole-page prefix of `key` backed by `pages` (one per whole page,
+    /// `key.len() / page_size` of them; a trailing partial page is not stored).
+    ///
+    /// The tree takes ownership of the pages for positions it did not cache; the others
+    /// are returned in [`InsertResult::duplicate_pages`] for the caller to release.
+    pub fn insert(&mut self, key: &[u64], pages: &[u32]) -> Result<InsertResult, RadixError> {
+        let ps = self.page_size;
+        let expected = key.len() / ps;
+        if pages.len() != expected {
+            return Err(RadixError::PageCountMismatch {
+                tokens: key.len(),
+                page_size: ps,
+                expected,
+                got: pages.len(),
+            });
+        }
+        let key = &key[..expected * ps];
+        let tick = self.bump_tick();
+        self.get_mut(ROOT).last_access = tick;
+        let (mut cur, mut pos) = (ROOT, 0);
+        let mut duplicate_pages = Vec::new();
+        let mut new_pages = 0;
+        while pos < key.len() {
+            match self.child(cur, &key[pos..]) {
+                None => {
+                    let leaf_pages = pages[pos / ps..].to_vec();
+                    new_pages = leaf_pages.len();
+                    let leaf = self.alloc_node(Node::new(
+                        key[pos..].to_vec(),
+                        leaf_pages,
+                        Some(cur),
+                        tick,
+                    ));
+                    self.get_mut(cur)
+                        .children
+                        .insert(key[pos..pos + ps].into(), leaf);
+                    self.cached_pages += new_pages;
+                    self.evictable_pages += new_pages;
+                    cur = leaf;
+                    pos = key.len();
+                }
+                Some(child) => {
+                    let common = self.common_len(&self.get(child).key, &key[pos..]);
+                    duplicate_pages.extend_from_slice(&pages[pos / ps..(pos + common) / ps]);
+                    let end = if common < self.get(child).key.len() {
+                        self.split(child, common)
+                    } else {
+                        child
+                    };
+                    self.get_mut(end).last_access = tick;
+                    pos += common;
+                    cur = end;
+                }
+            }
+        }
+        Ok(InsertResult {
+            node: self.id(cur),
+            duplicate_pages,
+            new_pages,
+        })
+    }
+
+    /// Records that a recurrent-state snapshot exists for the prefix `key` (its whole
+    /// length, a non-zero multiple of the page size, all cached), splitting a node so the
+    /// boundary is a node end. Returns the snapshot it replaced, for the caller to drop.
+    ///
+    /// Does not change LRU order. Fails without changing the tree when the boundary is
+    /// not page aligned, empty, or not cached.
+    pub fn set_snapshot(
+        &mut self,
+        key: &[u64],
+        id: SnapshotId,
+    ) -> Result<Option<SnapshotId>, RadixError> {
+        if !key.len().is_multiple_of(self.page_size) {
+            return Err(RadixError::NotPageAligned {
+                tokens: key.len(),
+                page_size: self.page_size,
+            });
+        }
+        if key.is_empty() {
+            return Err(RadixError::EmptyBoundary);
+        }
+        let (mut cur, mut pos) = (ROOT, 0);
+        while pos < key.len() {
+            let child = self.child(cur, &key[pos..]).ok_or(RadixError::NotCached {
+                tokens: key.len(),
+                cached: pos,
+            })?;
+            let common = self.common_len(&self.get(child).key, &key[pos..]);
+            if common < self.get(child).key.len() {
+                if pos + common != key.len() {
+                    return Err(RadixError::NotCached {
+                        tokens: key.len(),
+                        cached: pos + common,
+                    });
+                }
+                cur = self.split(child, common);
+            } else {
+                cur = child;
+            }
+            pos += common;
+        }
+        Ok(self.get_mut(cur).snapshot.replace(id))
+    }
+
+    /// Adds a lock on `node` and each of its ancestors; locked nodes are never evicted.
+    pub fn lock(&mut self, node: NodeId) -> Result<(), RadixError> {
+        let mut cur = Some(self.resolve(node)?);
+        while let Some(i) = cur {
+            let n = self.get_mut(i);
+            n.lock_ref += 1;
+            let (first, len, parent) = (n.lock_ref == 1, n.pages.len(), n.parent);
+            if first {
+                self.evictable_pages -= len;
+            }
+            cur = parent;
+        }
+        Ok(())
+    }
+
+    /// Removes one lock taken by [`RadixCache::lock`] on `node`.
+    pub fn unlock(&mut self, node: NodeId) -> Result<(), RadixError> {
+        let start = self.resolve(node)?;
+        if self.get(start).lock_ref == 0 {
+            return Err(RadixError::NotLocked(node));
+        }
+        let mut cur = Some(start);
+        while let Some(i) = cur {
+            let n = self.get_mut(i);
+            debug_assert!(n.lock_ref > 0, "ancestor of a locked node has lock_ref 0");
+            n.lock_ref = n.lock_ref.saturating_sub(1);
+            let (last, len, parent) = (n.lock_ref == 0, n.pages.len(), n.parent);
+            if last {
+                self.evictable_pages += len;
+            }
+            cur = parent;
+        }
+        Ok(())
+    }
+
+    /// Removes least-recently-used unlocked leaves, repeatedly, until at least
+    /// `pages_wanted` pages are removed or nothing evictable remains.
+    ///
+    /// Ties in access time go to the lower slot index. Cost: one scan of the nodes plus
+    /// a heap operation per evicted node.
+    pub fn evict(&mut self, pages_wanted: usize) -> Evicted {
+        let mut out = Evicted::default();
+        if pages_wanted == 0 {
+            return out;
+        }
+        let mut heap: BinaryHeap<Reverse<(u64, u32)>> = self
+            .slots
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter_map(|(i, s)| s.node.as_ref().map(|n| (i, n)))
+            .filter(|(_, n)| n.children.is_empty() && n.lock_ref == 0)
+            .map(|(i, n)| Reverse((n.last_access, i as u32)))
+            .collect();
+        while out.pages.len() < pages_wanted {
+            let Some(Reverse((_, i))) = heap.pop() else {
+                break;
+            };
+            let node = self.free_node(i);
+            let parent = node.parent.expect("only non-root nodes are evicted");
+            let ps = self.page_size;
+            let p = self.get_mut(parent);
+            p.children.remove(&node.key[..ps]);
+            if parent != ROOT && p.children.is_empty() && p.lock_ref == 0 {
+                heap.push(Reverse((p.last_access, parent)));
+            }
+            self.cached_pages -= node.pages.len();
+            self.evictable_pages -= node.pages.len();
+            out.pages.extend(node.pages);
+            out.snapshots.extend(node.snapshot);
+        }
+        out
+    }
+
+    /// Pages stored in the tree.
+    pub fn cached_pages(&self) -> usize {
+        self.cached_pages
+    }
+
+    /// Pages that [`RadixCache::evict`] could remove now (those in unlocked nodes).
+    pub fn evictable_pages(&self) -> usize {
+        self.evictable_pages
+    }
+
+    /// Tokens stored in the tree (`cached_pages · page_size`).
+    pub fn total_tokens(&self) -> usize {
+        self.cached_pages * self.page_size
+    }
+
+    /// Number of nodes, not counting the root.
+    pub fn node_count(&self) -> usize {
+        self.node_count
+    }
+
+    /// Number of locks on `node` and its descendants.
+    pub fn lock_ref(&self, node: NodeId) -> Result<u32, RadixError> {
+        Ok(self.get(self.resolve(node)?).lock_ref)
+    }
+
+    /// Every page the tree holds, in no particular order.
+    pub fn owned_pages(&self) -> Vec<u32> {
+        self.nodes().flat_map(|n| n.pages.iter().copied()).collect()
+    }
+
+    /// Every snapshot the tree holds, in no particular order.
+    pub fn snapshot_ids(&self) -> Vec<SnapshotId> {
+        self.nodes().filter_map(|n| n.snapshot).collect()
+    }
+
+    /// Checks the tree's structural invariants; used by tests.
+    ///
+    /// Every non-root node has a non-empty key that is a multiple of the page size and
+    /// `pages.len() · page_size` long; parent and child links agree; children are keyed
+    /// by their first page; a node's lock count is at least the sum of its children's;
+    /// no page appears twice; every node is reachable from the root; the page counters
+    /// match the nodes.
+    pub fn check_invariants(&self) -> Result<(), RadixError> {
+        let fail = |msg: String| Err(RadixError::InvariantBroken(msg));
+        let ps = self.page_size;
+        let root = self.get(ROOT);
+        if !root.key.is_empty() || !root.pages.is_empty() || root.parent.is_some() {
+            return fail("root has a key, pages or a parent".into());
+        }
+        if root.snapshot.is_some() {
+            return fail("root has a snapshot".into());
+        }
+        let mut seen_pages = HashSet::new();
+        let (mut reached, mut cached, mut evictable) = (0, 0, 0);
+        let mut stack = vec![ROOT];
+        while let Some(i) = stack.pop() {
+            let n = self.get(i);
+            if i != ROOT {
+                reached += 1;
+                if n.key.is_empty() || !n.key.len().is_multiple_of(ps) {
+                    return fail(format!(
+                        "node {i} key length {} not whole pages",
+                        n.key.len()
+                    ));
+                }
+                if n.pages.len() * ps != n.key.len() {
+                    return fail(format!(
+                        "node {i} has {} pages for {} tokens",
+                        n.pages.len(),
+                        n.key.len()
+                    ));
+                }
+                cached += n.pages.len();
+                if n.lock_ref == 0 {
+                    evictable += n.pages.len();
+                }
+            }
+            for &p in &n.pages {
+                if !seen_pages.insert(p) {
+                    return fail(format!("page {p} appears twice"));
+                }
+            }
+            let mut child_locks = 0u64;
+            for (first, &c) in &n.children {
+                let child = self.slots.get(c as usize).and_then(|s| s.node.as_ref());
+                let Some(child) = child else {
+                    return fail(format!("node {i} links to a free slot {c}"));
+                };
+                if child.parent != Some(i) {
+                    return fail(format!("node {c} does not name {i} as its parent"));
+                }
+                if child.key.len() < ps || **first != child.key[..ps] {
+                    return fail(format!("node {c} is not keyed by its first page"));
+                }
+                child_locks += u64::from(child.lock_ref);
+                stack.push(c);
+            }
+            if u64::from(n.lock_ref) < child_locks {
+                return fail(format!(
+                    "node {i} lock_ref {} < children's {child_locks}",
+                    n.lock_ref
+                ));
+            }
+        }
+        let live = self
+            .slots
+            .iter()
+            .skip(1)
+            .filter(|s| s.node.is_some())
+            .count();
+        if reached != live || live != self.node_count {
+            return fail(format!(
+                "{reached} nodes reachable, {live} live, count {}",
+                self.node_count
+            ));
+        }
+        if cached != self.cached_pages || evictable != self.evictable_pages {
+            return fail(format!(
+                "pages counted {cached}/{evictable}, recorded {}/{}",
+                self.cached_pages, self.evictable_pages
+            ));
+        }
+        Ok(())
+    }
+
+    // ---- internals ----
+
+    /// `key` cut to whole pages.
+    fn whole_pages<'k>(&self, key: &'k [u64]) -> &'k [u64] {
+        &key[..key.len() / self.page_size * self.page_size]
+    }
+
+    fn bump_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    /// Child of `node` whose first page equals the first page of `rest` (which must
+    /// hold at least one page).
+    fn child(&self, node: u32, rest: &[u64]) -> Option<u32> {
+        self.get(node)
+            .children
+            .get(&rest[..self.page_size])
+            .copied()
+    }
+
+    /// Length in tokens of the common prefix of `a` and `b`, in whole pages.
+    fn common_len(&self, a: &[u64], b: &[u64]) -> usize {
+        a.chunks_exact(self.page_size)
+            .zip(b.chunks_exact(self.page_size))
+            .take_while(|(x, y)| x == y)
+            .count()
+            * self.page_size
+    }
+
+    /// Splits `child` at `at` tokens (a page multiple strictly inside its key). A new
+    /// node takes the head and becomes `child`'s parent; `child` keeps the tail, its
+    /// children and its snapshot, so handles to it still name the same prefix end.
+    /// Returns the new head node.
+    fn split(&mut self, child: u32, at: usize) -> u32 {
+        let ps = self.page_size;
+        let c = self.get_mut(child);
+        let tail_key = c.key.split_off(at);
+        let head_key = std::mem::replace(&mut c.key, tail_key);
+        let tail_pages = c.pages.split_off(at / ps);
+        let head_pages = std::mem::replace(&mut c.pages, tail_pages);
+        let parent = c.parent.expect("split never targets the root");
+        let (lock_ref, last_access) = (c.lock_ref, c.last_access);
+        let tail_first: Box<[u64]> = c.key[..ps].into();
+        let head_first: Box<[u64]> = head_key[..ps].into();
+        let mut head = Node::new(head_key, head_pages, Some(parent), last_access);
+        head.lock_ref = lock_ref;
+        head.children.insert(tail_first, child);
+        let head = self.alloc_node(head);
+        self.get_mut(child).parent = Some(head);
+        self.get_mut(parent).children.insert(head_first, head);
+        head
+    }
+
+    fn alloc_node(&mut self, node: Node) -> u32 {
+        self.node_count += 1;
+        match self.free_slots.pop() {
+            Some(i) => {
+                self.slots[i as usize].node = Some(node);
+                i
+            }
+            None => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    node: Some(node),
+                });
+                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 radix nodes")
+            }
+        }
+    }
+
+    fn free_node(&mut self, i: u32) -> Node {
+        let slot = &mut self.slots[i as usize];
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free_slots.push(i);
+        self.node_count -= 1;
+        slot.node.take().expect("freeing a live node")
+    }
+
+    fn id(&self, i: u32) -> NodeId {
+        NodeId {
+            index: i,
+            generation: self.slots[i as usize].generation,
+        }
+    }
+
+    fn resolve(&self, id: NodeId) -> Result<u32, RadixError> {
+        match self.slots.get(id.index as usize) {
+            Some(s) if s.generation == id.generation && s.node.is_some() => Ok(id.index),
+            _ => Err(RadixError::StaleNode(id)),
+        }
+    }
+
+    fn get(&self, i: u32) -> &Node {
+        self.slots[i as usize]
+            .node
+            .as_ref()
+            .expect("internal links point at live nodes")
+    }
+
+    fn get_mut(&mut self, i: u32) -> &mut Node {
+        self.slots[i as usize]
+            .node
+            .as_mut()
+            .expect("internal links point at live nodes")
+    }
+
+    fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.slots.iter().filter_map(|s| s.node.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pages::{PageAllocator, PagesError};
+    use proptest::prelude::*;
+    use std::collections::hash_map::Entry;
+    use std::collections::HashMap;
+
+    fn tree(page_size: usize) -> RadixCache {
+        RadixCache::new(page_size).expect("page_size > 0")
+    }
+
+    fn ok(t: &RadixCache) {
+        t.check_invariants().expect("invariants hold");
+    }
+
+    #[test]
+    fn match_returns_whole_pages_only() {
+        let mut t = tree(4);
+        // 10 tokens: two whole pages are stored, the trailing 2 tokens are not.
+        let key: Vec<u64> = (1..=10).collect();
+        let r = t.insert(&key, &[100, 101]).expect("2 pages for 10 tokens");
+        assert_eq!((r.new_pages, t.cached_pages(), t.total_tokens()), (2, 2, 8));
+        let m = t.match_prefix(&key);
+        assert_eq!((m.tokens, m.pages), (8, vec![100, 101]));
+        let m = t.match_prefix(&key[..7]);
+        assert_eq!((m.tokens, m.pages), (4, vec![100]));
+        let m = t.match_prefix(&key[..3]);
+        assert_eq!((m.tokens, m.pages, m.node), (0, vec![], t.root()));
+        // Diverging inside the second page keeps only the first page.
+        let m = t.match_prefix(&[1, 2, 3, 4, 5, 6, 99, 8]);
+        assert_eq!((m.tokens, m.pages), (4, vec![100]));
+        ok(&t);
+    }
+
+    #[test]
+    fn insert_returns_duplicate_pages() {
+        let mut t = tree(2);
+        t.insert(&[1, 2, 3, 4], &[10, 11]).expect("pages match");
+        let r = t
+            .insert(&[1, 2, 3, 9, 5, 6], &[20, 21, 22])
+            .expect("pages match");
+        assert_eq!((r.duplicate_pages, r.new_pages), (vec![20], 2));
+        let r = t.insert(&[1, 2, 3, 4], &[30, 31]).expect("pages match");
+        assert_eq!((r.duplicate_pages, r.new_pages), (vec![30, 31], 0));
+        assert_eq!(t.cached_pages(), 4);
+        let m = t.match_prefix(&[1, 2, 3, 9, 5, 6]);
+        assert_eq!(
+            m.pages,
+            vec![10, 21, 22],
+            "the tree kept its own first page"
+        );
+        assert_eq!(
+            t.insert(&[1, 2, 3], &[]),
+            Err(RadixError::PageCountMismatch {
+                tokens: 3,
+                page_size: 2,
+                expected: 1,
+                got: 0
+            })
+        );
+        ok(&t);
+    }
+
+    #[test]
+    fn evicts_unlocked_leaf_first() {
+        let mut t = tree(1);
+        t.insert(&[1, 2], &[10, 11]).expect("pages match");
+        t.insert(&[3, 4], &[30, 31]).expect("pages match");
+        t.insert(&[5, 6], &[50, 51]).expect("pages match");
+        t.match_prefix(&[1, 2]); // [1,2] becomes most recent: order is [3,4], [5,6], [1,2]
+        assert_eq!(
+            t.evict(1).pages,
+            vec![30, 31],
+            "whole leaves go, oldest first"
+        );
+        assert_eq!(t.evict(2).pages, vec![50, 51]);
+        assert_eq!(t.evict(2).pages, vec![10, 11]);
+        assert_eq!((t.cached_pages(), t.node_count()), (0, 0));
+        // A parent becomes evictable when its last child goes, in the same call.
+        t.insert(&[1, 2, 3], &[1, 2, 3]).expect("pages match");
+        t.insert(&[1, 2, 4], &[1, 2, 4]).expect("pages match"); // [1,2] are duplicates
+        let ev = t.evict(3);
+        assert_eq!(
+            ev.pages,
+            vec![3, 4, 1, 2],
+            "leaf [3], leaf [4], then their parent [1,2]"
+        );
+        ok(&t);
+    }
+
+    #[test]
+    fn locked_path_is_never_evicted() {
+        let mut t = tree(1);
+        t.insert(&[1, 2, 3, 4], &[1, 2, 3, 4]).expect("pages match");
+        t.insert(&[1, 2, 5, 6], &[2, 2, 5, 6].map(|p| p + 100))
+            .expect("pages match");
+        let m = t.match_prefix(&[1, 2, 3, 4]);
+        t.lock(m.node).expect("live node");
+        assert_eq!(t.evictable_pages(), 2, "only [5,6] is unlocked");
+        let ev = t.evict(100);
+        assert_eq!(ev.pages, vec![105, 106]);
+        assert_eq!(t.evict(100), Evicted::default());
+        assert_eq!(t.match_prefix(&[1, 2, 3, 4]).pages, vec![1, 2, 3, 4]);
+        t.unlock(m.node).expect("locked once");
+        assert_eq!(t.unlock(m.node), Err(RadixError::NotLocked(m.node)));
+        assert_eq!(t.evict(100).pages.len(), 4);
+        assert_eq!(t.lock(m.node), Err(RadixError::StaleNode(m.node)));
+        ok(&t);
+    }
+
+    #[test]
+    fn match_splits_so_lock_covers_only_matched_pages() {
+        let mut t = tree(1);
+        t.insert(&[1, 2, 3, 4], &[1, 2, 3, 4]).expect("pages match");
+        let m = t.match_prefix(&[1, 2, 9]);
+        assert_eq!((m.tokens, t.node_count()), (2, 2));
+        t.lock(m.node).expect("live node");
+        assert_eq!(t.lock_ref(t.root()), Ok(1));
+        let mut ev = t.evict(10).pages;
+        ev.sort_unstable();
+        assert_eq!(ev, vec![3, 4]);
+        ok(&t);
+    }
+
+    #[test]
+    fn snapshot_hit_only_at_written_boundary() {
+        let mut t = tree(2);
+        let key: Vec<u64> = (1..=8).collect();
+        t.insert(&key, &[1, 2, 3, 4]).expect("pages match");
+        assert_eq!(
+            t.match_prefix_with_snapshot(&key),
+            None,
+            "nothing written yet"
+        );
+        assert_eq!(t.set_snapshot(&key[..4], 77), Ok(None));
+        // The full 8 tokens are cached, but the KDA state exists only after 4.
+        assert_eq!(t.match_prefix(&key).tokens, 8);
+        let s = t.match_prefix_with_snapshot(&key).expect("boundary at 4");
+        assert_eq!((s.tokens, s.pages, s.snapshot), (4, vec![1, 2], 77));
+        let s = t
+            .match_prefix_with_snapshot(&[1, 2, 3, 4, 5, 9])
+            .expect("boundary at 4");
+        assert_eq!(s.tokens, 4);
+        assert_eq!(
+            t.match_prefix_with_snapshot(&[1, 2, 3]),
+            None,
+            "prefix shorter than the boundary"
+        );
+        assert_eq!(t.match_prefix_with_snapshot(&[1, 2, 9, 9, 5, 6]), None);
+        assert_eq!(t.set_snapshot(&key, 78), Ok(None));
+        assert_eq!(
+            t.match_prefix_with_snapshot(&key)
+                .map(|s| (s.tokens, s.snapshot)),
+            Some((8, 78))
+        );
+        ok(&t);
+    }
+
+    #[test]
+    fn split_preserves_pages_and_snapshots() {
+        let mut t = tree(2);
+        let key: Vec<u64> = (1..=8).collect();
+        let r = t.insert(&key, &[1, 2, 3, 4]).expect("pages match");
+        t.lock(r.node).expect("live node");
+        assert_eq!(t.set_snapshot(&key, 8), Ok(None));
+        assert_eq!(t.set_snapshot(&key[..4], 4), Ok(None)); // splits the node at 4
+        assert_eq!(t.node_count(), 2);
+        t.insert(&[1, 2, 9, 9], &[20, 21]).expect("pages match"); // splits again at 2
+        assert_eq!(t.node_count(), 4);
+        assert_eq!(t.match_prefix(&key).pages, vec![1, 2, 3, 4]);
+        let s = t.match_prefix_with_snapshot(&key).expect("snapshot at 8");
+        assert_eq!(
+            (s.tokens, s.snapshot, s.node),
+            (8, 8, r.node),
+            "the handle still names the end"
+        );
+        let s = t
+            .match_prefix_with_snapshot(&key[..6])
+            .expect("snapshot at 4");
+        assert_eq!((s.tokens, s.pages, s.snapshot), (4, vec![1, 2], 4));
+        assert_eq!(
+            t.lock_ref(s.node),
+            Ok(1),
+            "the split head inherited the lock"
+        );
+        assert_eq!(
+            t.set_snapshot(&key[..4], 5),
+            Ok(Some(4)),
+            "replaced id comes back"
+        );
+        t.unlock(r.node).expect("locked once");
+        ok(&t);
+        let mut ev = t.evict(usize::MAX);
+        ev.pages.sort_unstable();
+        ev.snapshots.sort_unstable();
+        assert_eq!((ev.pages, ev.snapshots), (vec![1, 2, 3, 4, 21], vec![5, 8]));
+    }
+
+    #[test]
+    fn set_snapshot_rejects_bad_boundary_without_changing_tree() {
+        let mut t = tree(2);
+        t.insert(&[1, 2, 3, 4], &[1, 2]).expect("pages match");
+        let err = |tokens, cached| Err(RadixError::NotCached { tokens, cached });
+        assert_eq!(
+            t.set_snapshot(&[1, 2, 3], 1),
+            Err(RadixError::NotPageAligned {
+                tokens: 3,
+                page_size: 2
+            })
+        );
+        assert_eq!(t.set_snapshot(&[], 1), Err(RadixError::EmptyBoundary));
+        assert_eq!(t.set_snapshot(&[1, 2, 3, 4, 5, 6], 1), err(6, 4));
+        assert_eq!(t.set_snapshot(&[1, 2, 9, 9], 1), err(4, 2));
+        assert_eq!(t.set_snapshot(&[9, 9], 1), err(2, 0));
+        assert_eq!((t.node_count(), t.snapshot_ids()), (1, vec![]));
+        assert_eq!(RadixCache::new(0).err(), Some(RadixError::ZeroPageSize));
+        ok(&t);
+    }
+
+    // ---- property tests ----
+
+    /// A key drawn as `bases[base][..take] ++ suffix`: bases make shared prefixes common.
+    type KeySpec = (usize, usize, Vec<u64>);
+
+    fn key_spec(alphabet: u64) -> impl Strategy<Value = KeySpec> {
+        (
+            0..4usize,
+            0..=16usize,
+            prop::collection::vec(0..alphabet, 0..7),
+        )
+    }
+
+    fn make_key(bases: &[Vec<u64>], (b, take, suffix): &KeySpec) -> Vec<u64> {
+        let mut k = bases[b % bases.len()][..*take].to_vec();
+        k.extend_from_slice(suffix);
+        k
+    }
+
+    fn bases(alphabet: u64) -> impl Strategy<Value = Vec<Vec<u64>>> {
+        prop::collection::vec(prop::collection::vec(0..alphabet, 16), 4)
+    }
+
+    #[derive(Debug, Clone)]
+    enum SimOp {
+        /// Admit a request; `hybrid` matches only at snapshot boundaries.
+        Admit(KeySpec, bool),
+        /// A running request decodes more tokens.
+        Grow(usize, Vec<u64>),
+        /// A running request writes a snapshot at a page boundary of its cached prefix.
+        Snapshot(usize, usize),
+        /// A running request finishes and is inserted.
+        Finish(usize, usize),
+        /// A running request is cancelled.
+        Cancel(usize),
+    }
+
+    fn sim_op() -> impl Strategy<Value = SimOp> {
+        prop_oneof![
+            4 => (key_spec(3), any::<bool>()).prop_map(|(k, h)| SimOp::Admit(k, h)),
+            2 => (any::<usize>(), prop::collection::vec(0..3u64, 1..6))
+                .prop_map(|(i, t)| SimOp::Grow(i, t)),
+            1 => (any::<usize>(), any::<usize>()).prop_map(|(i, b)| SimOp::Snapshot(i, b)),
+            3 => (any::<usize>(), any::<usize>()).prop_map(|(i, b)| SimOp::Finish(i, b)),
+            1 => any::<usize>().prop_map(SimOp::Cancel),
+        ]
+    }
+
+    /// A running request: its key, its locked node, and one page per started page of
+    /// its key (matched pages it retained, then pages it allocated).
+    struct Req {
+        key: Vec<u64>,
+        node: NodeId,
+        cached: usize,
+        pages: Vec<u32>,
+    }
+
+    /// SessionMemory's use of the pool and tree, with every invariant checked per step.
+    struct Sim {
+        alloc: PageAllocator,
+        tree: RadixCache,
+        running: Vec<Req>,
+        /// Live snapshot id -> the prefix whose state it holds.
+        live: HashMap<SnapshotId, Vec<u64>>,
+        next_snapshot: SnapshotId,
+    }
+
+    impl Sim {
+        fn kill_snapshots(&mut self, ids: &[SnapshotId]) {
+            for id in ids {
+                assert!(
+                    self.live.remove(id).is_some(),
+                    "snapshot {id} reported dead twice"
+                );
+            }
+        }
+
+        fn snapshot(&mut self, prefix: &[u64]) {
+            let id = self.next_snapshot;
+            self.next_snapshot += 1;
+            let old = self
+                .tree
+                .set_snapshot(prefix, id)
+                .expect("boundary is cached");
+            self.kill_snapshots(&old.into_iter().collect::<Vec<_>>());
+            self.live.insert(id, prefix.to_vec());
+        }
+
+        /// Allocates `n` pages, evicting from the tree when the pool is short.
+        fn alloc(&mut self, n: usize) -> Option<Vec<u32>> {
+            match self.alloc.alloc(n) {
+                Ok(p) => Some(p),
+                Err(PagesError::OutOfPages { needed, free }) => {
+                    let ev = self.tree.evict(needed - free);
+                    let freed = self.alloc.release(&ev.pages);
+                    assert_eq!(freed, ev.pages.len(), "an evicted page was still in use");
+                    self.kill_snapshots(&ev.snapshots);
+                    self.alloc.alloc(n).ok()
+                }
+            }
+        }
+
+        fn pages_for(&self, tokens: usize) -> usize {
+            tokens.div_ceil(self.tree.page_size())
+        }
+
+        fn admit(&mut self, key: Vec<u64>, hybrid: bool) {
+            let (node, tokens, matched) = if hybrid {
+                match self.tree.match_prefix_with_snapshot(&key) {
+                    Some(s) => {
+                        assert_eq!(
+                            self.live[&s.snapshot],
+                            key[..s.tokens],
+                            "snapshot of another prefix"
+                        );
+                        (s.node, s.tokens, s.pages)
+                    }
+                    None => (self.tree.root(), 0, vec![]),
+                }
+            } else {
+                let m = self.tree.match_prefix(&key);
+                (m.node, m.tokens, m.pages)
+            };
+            self.tree.lock(node).expect("matched node is live");
+            self.alloc.retain(&matched);
+            match self.alloc(self.pages_for(key.len()) - matched.len()) {
+                Some(own) => {
+                    let pages = [matched, own].concat();
+                    self.running.push(Req {
+                        key,
+                        node,
+                        cached: tokens,
+                        pages,
+                    });
+                }
+                None => {
+                    self.tree.unlock(node).expect("locked above");
+                    assert_eq!(self.alloc.release(&matched), 0, "the tree still holds them");
+                }
+            }
+        }
+
+        fn finish(&mut self, i: usize, boundary: usize) {
+            let r = self.running.swap_remove(i);
+            let whole = r.key.len() / self.tree.page_size();
+            let ins = self
+                .tree
+                .insert(&r.key, &r.pages[..whole])
+                .expect("page count");
+            self.alloc.release(&ins.duplicate_pages);
+            self.tree.unlock(r.node).expect("locked at admit");
+            self.alloc.release(&r.pages[whole..]);
+            if whole > 0 {
+                let ps = self.tree.page_size();
+                self.snapshot(&r.key[..whole * ps]);
+                self.snapshot(&r.key[..(1 + boundary % whole) * ps]);
+            }
+        }
+
+        fn cancel(&mut self, i: usize) {
+            let r = self.running.swap_remove(i);
+            self.tree.unlock(r.node).expect("locked at admit");
+            self.alloc.release(&r.pages);
+        }
+
+        fn step(&mut self, bases: &[Vec<u64>], op: &SimOp) {
+            let n = self.running.len();
+            match op {
+                SimOp::Admit(k, hybrid) => self.admit(make_key(bases, k), *hybrid),
+                SimOp::Grow(i, toks) if n > 0 => {
+                    let i = i % n;
+                    let len = self.running[i].key.len() + toks.len();
+                    let need = self.pages_for(len) - self.running[i].pages.len();
+                    match self.alloc(need) {
+                        Some(p) => {
+                            self.running[i].key.extend_from_slice(toks);
+                            self.running[i].pages.extend(p);
+                        }
+                        None => self.cancel(i), // preempted: out of memory
+                    }
+                }
+                SimOp::Snapshot(i, b) if n > 0 => {
+                    let r = &self.running[i % n];
+                    let cached_pages = r.cached / self.tree.page_size();
+                    if cached_pages > 0 {
+                        let prefix =
+                            r.key[..(1 + b % cached_pages) * self.tree.page_size()].to_vec();
+                        self.snapshot(&prefix);
+                    }
+                }
+                SimOp::Finish(i, b) if n > 0 => self.finish(i % n, *b),
+                SimOp::Cancel(i) if n > 0 => self.cancel(i % n),
+                _ => {}
+            }
+        }
+
+        /// Every page's reference count equals its holders: the tree plus each request.
+        fn check_refcounts(&self) {
+            let mut expected = vec![0u32; self.alloc.num_pages()];
+            for p in self.tree.owned_pages() {
+                expected[p as usize] += 1;
+            }
+            for r in &self.running {
+                for &p in &r.pages {
+                    expected[p as usize] += 1;
+                }
+            }
+            for (p, &e) in expected.iter().enumerate() {
+                assert_eq!(self.alloc.refcount(p as u32), e, "refcount of page {p}");
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Random admits, decodes, snapshots, finishes and cancels over a small pool:
+        /// refcounts always equal holders; afterwards no lock, page or snapshot leaks.
+        #[test]
+        fn session_simulation_leaks_no_pages_locks_or_snapshots(
+            page_size in 1..=4usize,
+            num_pages in 6..160u32,
+            bases in bases(3),
+            ops in prop::collection::vec(sim_op(), 1..400),
+            ends in prop::collection::vec(any::<bool>(), 64),
+        ) {
+            let mut sim = Sim {
+                alloc: PageAllocator::new(num_pages),
+                tree: tree(page_size),
+                running: Vec::new(),
+                live: HashMap::new(),
+                next_snapshot: 0,
+            };
+            for op in &ops {
+                sim.step(&bases, op);
+                ok(&sim.tree);
+                sim.check_refcounts();
+            }
+            let mut j = 0;
+            while !sim.running.is_empty() {
+                if ends[j % ends.len()] { sim.finish(0, j) } else { sim.cancel(0) }
+                j += 1;
+            }
+            ok(&sim.tree);
+            sim.check_refcounts();
+            prop_assert_eq!(sim.tree.lock_ref(sim.tree.root()), Ok(0));
+            prop_assert_eq!(sim.tree.evictable_pages(), sim.tree.cached_pages());
+            let owned = sim.tree.owned_pages();
+            prop_assert_eq!(sim.alloc.free_count() + owned.len(), num_pages as usize);
+            prop_assert!(owned.iter().all(|&p| sim.alloc.refcount(p) == 1));
+            let mut in_tree = sim.tree.snapshot_ids();
+            in_tree.sort_unstable();
+            let mut live: Vec<_> = sim.live.keys().copied().collect();
+            live.sort_unstable();
+            prop_assert_eq!(in_tree, live);
+            let ev = sim.tree.evict(usize::MAX);
+            prop_assert_eq!(sim.alloc.release(&ev.pages), owned.len());
+            sim.kill_snapshots(&ev.snapshots);
+            prop_assert!(sim.live.is_empty());
+            prop_assert_eq!(sim.alloc.free_count(), num_pages as usize);
+            prop_assert_eq!(sim.tree.node_count(), 0);
+        }
+
+        /// `match_prefix`, `match_prefix_with_snapshot`, `insert`, `set_snapshot` and
+        /// `evict` agree with a brute-force model: the set of cached whole-page prefixes
+        /// (each with its page and maybe a snapshot), matched by longest common prefix.
+        #[test]
+        fn tree_agrees_with_brute_force_prefix_model(
+            page_size in 1..=3usize,
+            bases in bases(2),
+            ops in prop::collection::vec(model_op(), 1..300),
+        ) {
+            let mut t = tree(page_size);
+            let mut m = Model { ps: page_size, ..Model::default() };
+            let (mut next_page, mut next_snap) = (0u32, 0u64);
+            for op in &ops {
+                match op {
+                    ModelOp::Insert(k) => {
+                        let key = make_key(&bases, k);
+                        let n = key.len() / page_size;
+                        let pages: Vec<u32> = (next_page..next_page + n as u32).collect();
+                        next_page += n as u32;
+                        let mut dup = Vec::new();
+                        for (j, &p) in pages.iter().enumerate() {
+                            match m.pages.entry(key[..(j + 1) * page_size].to_vec()) {
+                                Entry::Occupied(_) => dup.push(p),
+                                Entry::Vacant(v) => {
+                                    v.insert(p);
+                                }
+                            }
+                        }
+                        let r = t.insert(&key, &pages).expect("page count");
+                        prop_assert_eq!(r.new_pages, n - dup.len());
+                        prop_assert_eq!(r.duplicate_pages, dup);
+                    }
+                    ModelOp::Match(k, lock) => {
+                        let key = make_key(&bases, k);
+                        let (tokens, pages) = m.longest(&key);
+                        let r = t.match_prefix(&key);
+                        prop_assert_eq!((r.tokens, &r.pages), (tokens, &pages));
+                        if *lock {
+                            t.lock(r.node).expect("live node");
+                            m.locks.push((r.node, key[..tokens].to_vec()));
+                        }
+                    }
+                    ModelOp::MatchSnapshot(k) => {
+                        let key = make_key(&bases, k);
+                        let want = m.longest_with_snapshot(&key);
+                        let got = t
+                            .match_prefix_with_snapshot(&key)
+                            .map(|s| (s.tokens, s.pages, s.snapshot));
+                        prop_assert_eq!(got, want);
+                    }
+                    ModelOp::SetSnapshot(k, cut) => {
+                        let key = make_key(&bases, k);
+                        let b = (cut % (key.len() / page_size + 1)) * page_size;
+                        let (cached, _) = m.longest(&key[..b]);
+                        let want = if b == 0 {
+                            Err(RadixError::EmptyBoundary)
+                        } else if cached < b {
+                            Err(RadixError::NotCached { tokens: b, cached })
+                        } else {
+                            Ok(m.snapshots.insert(key[..b].to_vec(), next_snap))
+                        };
+                        prop_assert_eq!(t.set_snapshot(&key[..b], next_snap), want);
+                        next_snap += 1;
+                    }
+                    ModelOp::Evict(n) => {
+                        let before = t.evictable_pages();
+                        let ev = t.evict(*n);
+                        prop_assert!(ev.pages.len() >= (*n).min(before));
+                        let mut dead = Vec::new();
+                        for p in &ev.pages {
+                            let prefix = m.prefix_of(*p).expect("evicted page was cached");
+                            prop_assert!(!m.is_locked(&prefix), "locked page evicted");
+                            dead.extend(m.snapshots.remove(&prefix));
+                            m.pages.remove(&prefix);
+                        }
+                        let mut got = ev.snapshots.clone();
+                        got.sort_unstable();
+                        dead.sort_unstable();
+                        prop_assert_eq!(got, dead);
+                        // Leaves went first: what remains is still closed under prefixes.
+                        for prefix in m.pages.keys() {
+                            let parent = &prefix[..prefix.len() - page_size];
+                            prop_assert!(parent.is_empty() || m.pages.contains_key(parent));
+                        }
+                    }
+                    ModelOp::Unlock(i) if !m.locks.is_empty() => {
+                        let (node, _) = m.locks.swap_remove(i % m.locks.len());
+                        t.unlock(node).expect("locked by this model");
+                    }
+                    ModelOp::Unlock(_) => {}
+                }
+                ok(&t);
+                prop_assert_eq!(t.cached_pages(), m.pages.len());
+                let locked = m.pages.keys().filter(|p| m.is_locked(p)).count();
+                prop_assert_eq!(t.evictable_pages(), m.pages.len() - locked);
+            }
+            for (node, _) in m.locks.drain(..) {
+                t.unlock(node).expect("locked by this model");
+            }
+            prop_assert_eq!(t.lock_ref(t.root()), Ok(0));
+            let ev = t.evict(usize::MAX);
+            prop_assert_eq!(ev.pages.len(), m.pages.len());
+            prop_assert_eq!(ev.snapshots.len(), m.snapshots.len());
+            prop_assert_eq!((t.cached_pages(), t.node_count()), (0, 0));
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum ModelOp {
+        Insert(KeySpec),
+        /// Match, and lock the matched node when the flag is set.
+        Match(KeySpec, bool),
+        MatchSnapshot(KeySpec),
+        /// Snapshot at `cut % (whole pages + 1)` pages of the key.
+        SetSnapshot(KeySpec, usize),
+        Evict(usize),
+        Unlock(usize),
+    }
+
+    fn model_op() -> impl Strategy<Value = ModelOp> {
+        prop_oneof![
+            4 => key_spec(2).prop_map(ModelOp::Insert),
+            3 => (key_spec(2), any::<bool>()).prop_map(|(k, l)| ModelOp::Match(k, l)),
+            2 => key_spec(2).prop_map(ModelOp::MatchSnapshot),
+            2 => (key_spec(2), any::<usize>()).prop_map(|(k, c)| ModelOp::SetSnapshot(k, c)),
+            1 => (0..12usize).prop_map(ModelOp::Evict),
+            2 => any::<usize>().prop_map(ModelOp::Unlock),
+        ]
+    }
+
+    /// Brute-force model of the tree: every cached whole-page prefix with its last page.
+    #[derive(Default)]
+    struct Model {
+        ps: usize,
+        /// Cached prefix (a non-zero multiple of `ps` long) -> the page holding its last page.
+        pages: HashMap<Vec<u64>, u32>,
+        /// Prefix -> snapshot written there.
+        snapshots: HashMap<Vec<u64>, SnapshotId>,
+        /// Locked nodes and the prefix each ends at.
+        locks: Vec<(NodeId, Vec<u64>)>,
+    }
+
+    impl Model {
+        /// Longest common prefix of `key` with any cached prefix, rounded down to pages,
+        /// and the pages backing it.
+        fn longest(&self, key: &[u64]) -> (usize, Vec<u32>) {
+            let lcp = |p: &Vec<u64>| p.iter().zip(key).take_while(|(a, b)| a == b).count();
+            let tokens = self.pages.keys().map(lcp).max().unwrap_or(0) / self.ps * self.ps;
+            let pages = (1..=tokens / self.ps)
+                .map(|j| self.pages[&key[..j * self.ps]])
+                .collect();
+            (tokens, pages)
+        }
+
+        fn longest_with_snapshot(&self, key: &[u64]) -> Option<(usize, Vec<u32>, SnapshotId)> {
+            let (tokens, mut pages) = self.longest(key);
+            let j = (1..=tokens / self.ps)
+                .rev()
+                .find(|j| self.snapshots.contains_key(&key[..j * self.ps]))?;
+            pages.truncate(j);
+            Some((j * self.ps, pages, self.snapshots[&key[..j * self.ps]]))
+        }
+
+        /// Whether `prefix` lies on the path of a locked node.
+        fn is_locked(&self, prefix: &[u64]) -> bool {
+            self.locks.iter().any(|(_, l)| l.starts_with(prefix))
+        }
+
+        fn prefix_of(&self, page: u32) -> Option<Vec<u64>> {
+            self.pages
+                .iter()
+                .find(|(_, &p)| p == page)
+                .map(|(k, _)| k.clone())
+        }
+    }
+}

@@ -1,0 +1,893 @@
+//! Linear-layer matmuls: `out[n, rows] = x[n, cols] · Wᵀ`, W row-major `[rows, cols]`.
+//!
+//! Two regimes, chosen by the number of input rows `n`:
+//!
+//! - **GEMV** (`n <= GEMV_MAX_N`, the decode hot path). The weight is streamed
+//!   once; each row of W is dotted with every input row while it is in
+//!   registers. Rows of W are split into chunks over the rayon pool. The inner
+//!   kernel is picked at run time: AVX-512F (16 lanes), AVX2+FMA (8 lanes), or a
+//!   portable scalar loop (the only path off x86-64). Several W rows are
+//!   processed together so that there are 8–16 independent FMA chains (ILP),
+//!   and bf16/f16 weights are widened in registers (bf16: zero-extend each u16
+//!   to u32 and shift left by 16; f16: `vcvtph2ps`).
+//! - **GEMM** (`n > GEMV_MAX_N`, prefill). f32 weights go straight to the
+//!   `gemm` crate. bf16/f16 weights are widened one row tile at a time (a few
+//!   dozen to 256 rows, sized to stay in L2) into a per-thread scratch buffer,
+//!   and `gemm` runs on that tile; tiles are spread over the rayon pool. The
+//!   whole matrix is never widened at once.
+//!
+//! The scalar `*_ref` functions accumulate in f64 and are the test oracles.
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use half::prelude::{HalfBitsSliceExt, HalfFloatSliceExt};
+use rayon::prelude::*;
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Largest input row count served by the GEMV kernels; larger batches use the
+/// blocked GEMM path. Range 1..=4 (the kernels are instantiated for 1–4 rows).
+pub const GEMV_MAX_N: usize = 4;
+
+/// Below this many multiply-adds (`n·rows·cols`) a GEMV runs on the calling
+/// thread: splitting costs a few microseconds of rayon wake-up, more than the
+/// work itself. Default 64Ki.
+const PAR_MIN_WORK: usize = 1 << 16;
+
+/// Row chunks per rayon thread in a GEMV: more than one lets work stealing
+/// even out a busy core, few enough to keep task overhead negligible. Default 4.
+const CHUNKS_PER_THREAD: usize = 4;
+
+/// Bytes of f32 scratch one GEMM row tile may occupy (the tile is reread for
+/// every input row, so it should stay in the 2 MiB L2). Default 1 MiB.
+const TILE_BYTES: usize = 1 << 20;
+
+/// Row-tile bounds for the bf16/f16 GEMM path (multiples of 16).
+const TILE_MIN_ROWS: usize = 16;
+/// See [`TILE_MIN_ROWS`].
+const TILE_MAX_ROWS: usize = 256;
+
+/// The instruction set a kernel runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    /// Portable Rust, no explicit SIMD.
+    Scalar,
+    /// AVX2 + FMA (+ F16C for f16 weights), 8 lanes.
+    Avx2,
+    /// AVX-512F, 16 lanes.
+    Avx512,
+}
+
+/// The best instruction set this CPU supports, detected once.
+fn detected_isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    })
+}
+
+/// A weight element type the GEMV kernels can read.
+trait Elem: Copy + Send + Sync + 'static {
+    /// Widens one element.
+    fn to_f32(self) -> f32;
+
+    /// Loads 16 consecutive elements widened to f32.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F and `p` points at 16 readable elements.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> __m512;
+
+    /// Loads 8 consecutive elements widened to f32.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and F16C and `p` points at 8 readable elements.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> __m256;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+}
+
+/// bf16 weight bits.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Bf16(u16);
+
+impl Elem for Bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const Bf16) -> __m512 {
+        let h = _mm256_loadu_si256(p as *const __m256i);
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load8(p: *const Bf16) -> __m256 {
+        let h = _mm_loadu_si128(p as *const __m128i);
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
+}
+
+/// IEEE binary16 weight bits.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct F16(u16);
+
+impl Elem for F16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::from_bits(self.0).to_f32()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const F16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load8(p: *const F16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+}
+
+/// Views u16 bits as a slice of the element wrapper `T` (`Bf16` or `F16`).
+fn bits_as<T: Elem>(w: &[u16]) -> &[T] {
+    assert_eq!(std::mem::size_of::<T>(), 2, "wrapper is a transparent u16");
+    // SAFETY: T is #[repr(transparent)] over u16 (size checked above).
+    unsafe { std::slice::from_raw_parts(w.as_ptr() as *const T, w.len()) }
+}
+
+// ---------------------------------------------------------------------------
+// Public entry points
+// ---------------------------------------------------------------------------
+
+/// `out[n, rows] = x[n, cols] · wᵀ` for an f32 weight `w` `[rows, cols]`.
+pub fn matmul_f32(x: &[f32], n: usize, w: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+    check_shapes("matmul_f32", x, n, w.len(), rows, cols, out);
+    if n == 0 || rows == 0 {
+        return;
+    }
+    if cols == 0 {
+        out.fill(0.0);
+    } else if n <= GEMV_MAX_N {
+        gemv(detected_isa(), x, n, w, rows, cols, out);
+    } else {
+        gemm_f32(x, n, w, rows, cols, out);
+    }
+}
+
+/// `out[n, rows] = x[n, cols] · wᵀ` for a bf16 weight given as raw bits.
+pub fn matmul_bf16(x: &[f32], n: usize, w: &[u16], rows: usize, cols: usize, out: &mut [f32]) {
+    check_shapes("matmul_bf16", x, n, w.len(), rows, cols, out);
+    if n == 0 || rows == 0 {
+        return;
+    }
+    if cols == 0 {
+        out.fill(0.0);
+    } else if n <= GEMV_MAX_N {
+        gemv(detected_isa(), x, n, bits_as::<Bf16>(w), rows, cols, out);
+    } else {
+        gemm_tiled(x, n, w, rows, cols, out, widen_bf16);
+    }
+}
+
+/// `out[n, rows] = x[n, cols] · wᵀ` for an IEEE half weight given as raw bits.
+pub fn matmul_f16(x: &[f32], n: usize, w: &[u16], rows: usize, cols: usize, out: &mut [f32]) {
+    check_shapes("matmul_f16", x, n, w.len(), rows, cols, out);
+    if n == 0 || rows == 0 {
+        return;
+    }
+    if cols == 0 {
+        out.fill(0.0);
+    } else if n <= GEMV_MAX_N {
+        gemv(detected_isa(), x, n, bits_as::<F16>(w), rows, cols, out);
+    } else {
+        gemm_tiled(x, n, w, rows, cols, out, widen_f16);
+    }
+}
+
+/// Dot product of two equally long f32 slices (SIMD when available).
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f32: lengths differ");
+    dot_with(detected_isa(), a, b)
+}
+
+/// Scalar oracle for [`matmul_f32`]: f64 accumulation, rounded once.
+pub fn matmul_f32_ref(x: &[f32], n: usize, w: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+    check_shapes("matmul_f32_ref", x, n, w.len(), rows, cols, out);
+    matmul_ref_generic(x, n, w, rows, cols, out);
+}
+
+/// Scalar oracle for [`matmul_bf16`]: f64 accumulation, rounded once.
+pub fn matmul_bf16_ref(x: &[f32], n: usize, w: &[u16], rows: usize, cols: usize, out: &mut [f32]) {
+    check_shapes("matmul_bf16_ref", x, n, w.len(), rows, cols, out);
+    matmul_ref_generic(x, n, bits_as::<Bf16>(w), rows, cols, out);
+}
+
+/// Scalar oracle for [`matmul_f16`]: f64 accumulation, rounded once.
+pub fn matmul_f16_ref(x: &[f32], n: usize, w: &[u16], rows: usize, cols: usize, out: &mut [f32]) {
+    check_shapes("matmul_f16_ref", x, n, w.len(), rows, cols, out);
+    matmul_ref_generic(x, n, bits_as::<F16>(w), rows, cols, out);
+}
+
+/// Panics with a readable message when buffer lengths do not match the shape.
+fn check_shapes(op: &str, x: &[f32], n: usize, w_len: usize, rows: usize, cols: usize, out: &[f32]) {
+    assert_eq!(x.len(), n * cols, "{op}: x has {} values, expected n·cols = {n}·{cols}", x.len());
+    assert_eq!(w_len, rows * cols, "{op}: w has {w_len} values, expected rows·cols = {rows}·{cols}");
+    assert_eq!(out.len(), n * rows, "{op}: out has {} values, expected n·rows = {n}·{rows}", out.len());
+}
+
+fn matmul_ref_generic<E: Elem>(x: &[f32], n: usize, w: &[E], rows: usize, cols: usize, out: &mut [f32]) {
+    for i in 0..n {
+        let xi = &x[i * cols..(i + 1) * cols];
+        for r in 0..rows {
+            let wr = &w[r * cols..(r + 1) * cols];
+            let s: f64 = xi.iter().zip(wr).map(|(&a, &b)| a as f64 * b.to_f32() as f64).sum();
+            out[i * rows + r] = s as f32;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// GEMV
+// ---------------------------------------------------------------------------
+
+/// The output pointer shared by GEMV/GEMM tasks; each task writes a disjoint
+/// set of columns of `out`.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements (distinct row ranges of W), and the
+// pointer outlives the parallel region, which ends before the caller returns.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The raw pointer (a method, so closures capture the Sync wrapper).
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// GEMV over all rows, split over the rayon pool when worth it.
+fn gemv<E: Elem>(isa: Isa, x: &[f32], n: usize, w: &[E], rows: usize, cols: usize, out: &mut [f32]) {
+    debug_assert!((1..=GEMV_MAX_N).contains(&n));
+    let ptr = OutPtr(out.as_mut_ptr());
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || n * rows * cols < PAR_MIN_WORK || rows < 32 {
+        // SAFETY: shapes checked by the caller; one task writes everything.
+        unsafe { gemv_range(isa, x, n, w, rows, cols, 0, rows, ptr.get()) };
+        return;
+    }
+    let chunk = rows.div_ceil(threads * CHUNKS_PER_THREAD).next_multiple_of(16).max(16);
+    let chunks = rows.div_ceil(chunk);
+    (0..chunks).into_par_iter().for_each(|c| {
+        let r0 = c * chunk;
+        let r1 = (r0 + chunk).min(rows);
+        // SAFETY: chunks cover disjoint row ranges, so the writes are disjoint.
+        unsafe { gemv_range(isa, x, n, w, rows, cols, r0, r1, ptr.get()) };
+    });
+}
+
+/// Computes rows `r0..r1` of the output for all `n` inputs.
+///
+/// # Safety
+/// `out` points at `n·rows` writable values; `x`, `w` have the checked shapes.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemv_range<E: Elem>(isa: Isa, x: &[f32], n: usize, w: &[E], rows: usize, cols: usize, r0: usize, r1: usize, out: *mut f32) {
+    match n {
+        1 => gemv_range_n::<E, 1>(isa, x, w, rows, cols, r0, r1, out),
+        2 => gemv_range_n::<E, 2>(isa, x, w, rows, cols, r0, r1, out),
+        3 => gemv_range_n::<E, 3>(isa, x, w, rows, cols, r0, r1, out),
+        4 => gemv_range_n::<E, 4>(isa, x, w, rows, cols, r0, r1, out),
+        _ => unreachable!("GEMV serves 1..=GEMV_MAX_N inputs"),
+    }
+}
+
+/// Rows `r0..r1` for exactly `N` inputs, in blocks of `R` weight rows.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemv_range_n<E: Elem, const N: usize>(isa: Isa, x: &[f32], w: &[E], rows: usize, cols: usize, r0: usize, r1: usize, out: *mut f32) {
+    // 8 weight rows for one input (8 FMA chains); 4 rows for 2–4 inputs
+    // (8–16 chains, all within the 32 zmm / 16 ymm registers; AVX2 drops to
+    // 2 rows for 3–4 inputs so accumulators do not spill).
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => {
+            if N == 1 {
+                blocks::<E, N, 8>(x, w, rows, cols, r0, r1, out, |x, w, c, o| block_avx512::<E, N, 8>(x, w, c, o), |x, w, c, o| {
+                    block_avx512::<E, N, 1>(x, w, c, o)
+                })
+            } else {
+                blocks::<E, N, 4>(x, w, rows, cols, r0, r1, out, |x, w, c, o| block_avx512::<E, N, 4>(x, w, c, o), |x, w, c, o| {
+                    block_avx512::<E, N, 1>(x, w, c, o)
+                })
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            if N == 1 {
+                blocks::<E, N, 8>(x, w, rows, cols, r0, r1, out, |x, w, c, o| block_avx2::<E, N, 8>(x, w, c, o), |x, w, c, o| {
+                    block_avx2::<E, N, 1>(x, w, c, o)
+                })
+            } else if N == 2 {
+                blocks::<E, N, 4>(x, w, rows, cols, r0, r1, out, |x, w, c, o| block_avx2::<E, N, 4>(x, w, c, o), |x, w, c, o| {
+                    block_avx2::<E, N, 1>(x, w, c, o)
+                })
+            } else {
+                blocks::<E, N, 2>(x, w, rows, cols, r0, r1, out, |x, w, c, o| block_avx2::<E, N, 2>(x, w, c, o), |x, w, c, o| {
+                    block_avx2::<E, N, 1>(x, w, c, o)
+                })
+            }
+        }
+        _ => blocks::<E, N, 4>(x, w, rows, cols, r0, r1, out, |x, w, c, o| block_scalar::<E, N, 4>(x, w, c, o), |x, w, c, o| {
+            block_scalar::<E, N, 1>(x, w, c, o)
+        }),
+    }
+}
+
+/// Walks rows `r0..r1` in blocks of `R` (then single rows) and scatters each
+/// block's `[R][N]` results into `out[n, rows]`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn blocks<E: Elem, const N: usize, const R: usize>(
+    x: &[f32],
+    w: &[E],
+    rows: usize,
+    cols: usize,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+    block: impl Fn(*const f32, *const E, usize, &mut [[f32; N]; R]),
+    single: impl Fn(*const f32, *const E, usize, &mut [[f32; N]; 1]),
+) {
+    let mut r = r0;
+    let mut res = [[0.0f32; N]; R];
+    while r + R <= r1 {
+        block(x.as_ptr(), w.as_ptr().add(r * cols), cols, &mut res);
+        for (k, row) in res.iter().enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                *out.add(j * rows + r + k) = v;
+            }
+        }
+        r += R;
+    }
+    let mut one = [[0.0f32; N]; 1];
+    while r < r1 {
+        single(x.as_ptr(), w.as_ptr().add(r * cols), cols, &mut one);
+        for (j, &v) in one[0].iter().enumerate() {
+            *out.add(j * rows + r) = v;
+        }
+        r += 1;
+    }
+}
+
+/// `res[r][j] = Σ_c w[r·cols + c] · x[j·cols + c]` with AVX-512F.
+///
+/// # Safety
+/// AVX-512F is available; `x` has `N·cols` values, `w` has `R·cols`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn block_avx512<E: Elem, const N: usize, const R: usize>(x: *const f32, w: *const E, cols: usize, res: &mut [[f32; N]; R]) {
+    let mut acc = [[_mm512_setzero_ps(); N]; R];
+    let mut c = 0;
+    while c + 16 <= cols {
+        let mut xv = [_mm512_setzero_ps(); N];
+        for (j, v) in xv.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(x.add(j * cols + c));
+        }
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let wv = E::load16(w.add(r * cols + c));
+            for (a, &xj) in acc_r.iter_mut().zip(&xv) {
+                *a = _mm512_fmadd_ps(wv, xj, *a);
+            }
+        }
+        c += 16;
+    }
+    for (r, row) in res.iter_mut().enumerate() {
+        for (j, v) in row.iter_mut().enumerate() {
+            let mut s = _mm512_reduce_add_ps(acc[r][j]);
+            for cc in c..cols {
+                s += (*w.add(r * cols + cc)).to_f32() * *x.add(j * cols + cc);
+            }
+            *v = s;
+        }
+    }
+}
+
+/// `res[r][j] = Σ_c w[r·cols + c] · x[j·cols + c]` with AVX2 + FMA.
+///
+/// # Safety
+/// AVX2, FMA and F16C are available; `x` has `N·cols` values, `w` has `R·cols`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_avx2<E: Elem, const N: usize, const R: usize>(x: *const f32, w: *const E, cols: usize, res: &mut [[f32; N]; R]) {
+    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    let mut c = 0;
+    while c + 8 <= cols {
+        let mut xv = [_mm256_setzero_ps(); N];
+        for (j, v) in xv.iter_mut().enumerate() {
+            *v = _mm256_loadu_ps(x.add(j * cols + c));
+        }
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let wv = E::load8(w.add(r * cols + c));
+            for (a, &xj) in acc_r.iter_mut().zip(&xv) {
+                *a = _mm256_fmadd_ps(wv, xj, *a);
+            }
+        }
+        c += 8;
+    }
+    for (r, row) in res.iter_mut().enumerate() {
+        for (j, v) in row.iter_mut().enumerate() {
+            let mut s = hsum256(acc[r][j]);
+            for cc in c..cols {
+                s += (*w.add(r * cols + cc)).to_f32() * *x.add(j * cols + cc);
+            }
+            *v = s;
+        }
+    }
+}
+
+/// Horizontal sum of 8 lanes.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Portable block kernel: 4 partial sums per (row, input) pair.
+///
+/// # Safety
+/// `x` has `N·cols` values, `w` has `R·cols`.
+unsafe fn block_scalar<E: Elem, const N: usize, const R: usize>(x: *const f32, w: *const E, cols: usize, res: &mut [[f32; N]; R]) {
+    let xs = std::slice::from_raw_parts(x, N * cols);
+    let ws = std::slice::from_raw_parts(w, R * cols);
+    for (r, row) in res.iter_mut().enumerate() {
+        let wr = &ws[r * cols..(r + 1) * cols];
+        for (j, v) in row.iter_mut().enumerate() {
+            let xj = &xs[j * cols..(j + 1) * cols];
+            let mut acc = [0.0f32; 4];
+            let mut wc = wr.chunks_exact(4);
+            let mut xc = xj.chunks_exact(4);
+            for (a, b) in (&mut wc).zip(&mut xc) {
+                for l in 0..4 {
+                    acc[l] += a[l].to_f32() * b[l];
+                }
+            }
+            let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+            for (a, b) in wc.remainder().iter().zip(xc.remainder()) {
+                s += a.to_f32() * b;
+            }
+            *v = s;
+        }
+    }
+}
+
+/// Dot product with an explicit instruction set.
+fn dot_with(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa` is only Avx512 when the CPU supports it.
+        Isa::Avx512 => unsafe { dot_avx512(a, b) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa` is only Avx2 when the CPU supports AVX2+FMA.
+        Isa::Avx2 => unsafe { dot_avx2(a, b) },
+        _ => dot_scalar(a, b),
+    }
+}
+
+/// AVX-512 dot product with 4 accumulators (64 values per step).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 64 <= n {
+        for (k, s) in acc.iter_mut().enumerate() {
+            *s = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i + 16 * k)), _mm512_loadu_ps(pb.add(i + 16 * k)), *s);
+        }
+        i += 64;
+    }
+    while i + 16 <= n {
+        acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), acc[0]);
+        i += 16;
+    }
+    let v = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    let mut s = _mm512_reduce_add_ps(v);
+    while i < n {
+        s += *pa.add(i) * *pb.add(i);
+        i += 1;
+    }
+    s
+}
+
+/// AVX2 dot product with 4 accumulators (32 values per step).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, s) in acc.iter_mut().enumerate() {
+            *s = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8 * k)), _mm256_loadu_ps(pb.add(i + 8 * k)), *s);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc[0]);
+        i += 8;
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut s = hsum256(v);
+    while i < n {
+        s += *pa.add(i) * *pb.add(i);
+        i += 1;
+    }
+    s
+}
+
+/// Portable dot product with 8 partial sums (auto-vectorisable).
+fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut ac = a.chunks_exact(8);
+    let mut bc = b.chunks_exact(8);
+    for (x, y) in (&mut ac).zip(&mut bc) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (x, y) in ac.remainder().iter().zip(bc.remainder()) {
+        s += x * y;
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------
+// GEMM
+// ---------------------------------------------------------------------------
+
+/// The `gemm` crate's threading setting for the current rayon pool.
+fn pool_parallelism() -> gemm::Parallelism {
+    match rayon::current_num_threads() {
+        0 | 1 => gemm::Parallelism::None,
+        t => gemm::Parallelism::Rayon(t),
+    }
+}
+
+/// Runs `gemm` for `out[:, col0..col0+m] = x · wᵀ` where `w` is `[m, cols]` f32
+/// and `out` rows are `out_stride` apart.
+///
+/// # Safety
+/// `out` points at an `[n, out_stride]` buffer with `col0 + m <= out_stride`
+/// whose columns `col0..col0+m` no other thread writes meanwhile; `x` is
+/// `[n, cols]`, `w` is `[m, cols]`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_into(x: &[f32], n: usize, w: &[f32], m: usize, cols: usize, out: *mut f32, out_stride: usize, par: gemm::Parallelism) {
+    debug_assert!(x.len() >= n * cols && w.len() >= m * cols);
+    // dst (i, j) = out[i·stride + j]; lhs (i, p) = x[i·cols + p];
+    // rhs (p, j) = w[j·cols + p], i.e. Wᵀ read in place.
+    gemm::gemm(
+        n,
+        m,
+        cols,
+        out,
+        1,
+        out_stride as isize,
+        false,
+        x.as_ptr(),
+        1,
+        cols as isize,
+        w.as_ptr(),
+        cols as isize,
+        1,
+        0.0f32,
+        1.0f32,
+        false,
+        false,
+        false,
+        par,
+    );
+}
+
+/// f32 GEMM through the `gemm` crate, threaded over the rayon pool.
+fn gemm_f32(x: &[f32], n: usize, w: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+    // SAFETY: shapes checked by the caller; the single call owns `out`.
+    unsafe { gemm_into(x, n, w, rows, cols, out.as_mut_ptr(), rows, pool_parallelism()) };
+}
+
+/// Widens bf16 bits into f32 (a shift per value; auto-vectorised).
+fn widen_bf16(src: &[u16], dst: &mut [f32]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = f32::from_bits((s as u32) << 16);
+    }
+}
+
+/// Widens IEEE half bits into f32 (`half` uses F16C when the CPU has it).
+fn widen_f16(src: &[u16], dst: &mut [f32]) {
+    src.reinterpret_cast::<half::f16>().convert_to_f32_slice(dst);
+}
+
+thread_local! {
+    /// Per-thread f32 scratch for one widened row tile, reused across calls.
+    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Rows per widened tile: fills about [`TILE_BYTES`], within
+/// [`TILE_MIN_ROWS`]..=[`TILE_MAX_ROWS`], and gives every thread at least
+/// two tiles when the matrix is large enough.
+fn tile_rows(rows: usize, cols: usize, threads: usize) -> usize {
+    let by_cache = (TILE_BYTES / (4 * cols.max(1))) / 16 * 16;
+    let by_balance = rows.div_ceil(2 * threads.max(1)).next_multiple_of(16);
+    by_cache.min(by_balance).clamp(TILE_MIN_ROWS, TILE_MAX_ROWS)
+}
+
+/// GEMM for 16-bit weights: widen one row tile at a time into per-thread
+/// scratch and run single-threaded `gemm` on it; tiles run in parallel.
+fn gemm_tiled(x: &[f32], n: usize, w: &[u16], rows: usize, cols: usize, out: &mut [f32], widen: fn(&[u16], &mut [f32])) {
+    let threads = rayon::current_num_threads();
+    let tile = tile_rows(rows, cols, threads);
+    let tiles = rows.div_ceil(tile);
+    let ptr = OutPtr(out.as_mut_ptr());
+    let run = |t: usize| {
+        let r0 = t * tile;
+        let m = tile.min(rows - r0);
+        TILE.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            if buf.len() < m * cols {
+                buf.resize(m * cols, 0.0);
+            }
+            let scratch = &mut buf[..m * cols];
+            widen(&w[r0 * cols..(r0 + m) * cols], scratch);
+            // SAFETY: tile `t` owns output columns r0..r0+m; `gemm` runs
+            // single-threaded here, so the RefCell borrow is not re-entered.
+            unsafe { gemm_into(x, n, scratch, m, cols, ptr.get().add(r0), rows, gemm::Parallelism::None) };
+        });
+    };
+    if threads <= 1 || tiles == 1 {
+        (0..tiles).for_each(run);
+    } else {
+        (0..tiles).into_par_iter().for_each(run);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::f32_to_bf16;
+
+    /// Deterministic uniform values in [-1, 1) (xorshift64*).
+    fn random_vec(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s >> 12;
+                s ^= s << 25;
+                s ^= s >> 27;
+                let v = s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
+                (v as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Σ|x·w| per output: the scale the rounding error of a dot product is
+    /// proportional to (tolerances below are relative to it).
+    fn abs_scale<E: Elem>(x: &[f32], n: usize, w: &[E], rows: usize, cols: usize) -> Vec<f32> {
+        let mut out = vec![0.0; n * rows];
+        for i in 0..n {
+            for r in 0..rows {
+                out[i * rows + r] =
+                    (0..cols).map(|c| (x[i * cols + c] as f64 * w[r * cols + c].to_f32() as f64).abs()).sum::<f64>() as f32;
+            }
+        }
+        out
+    }
+
+    /// Asserts |got − want| <= rel·scale + 1e-30 elementwise.
+    fn assert_close(got: &[f32], want: &[f32], scale: &[f32], rel: f32, what: &str) {
+        assert_eq!(got.len(), want.len());
+        for (k, ((&g, &r), &s)) in got.iter().zip(want).zip(scale).enumerate() {
+            assert!((g - r).abs() <= rel * s + 1e-30, "{what}: element {k}: got {g}, want {r} (scale {s})");
+        }
+    }
+
+    fn isas() -> Vec<Isa> {
+        let mut v = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+                v.push(Isa::Avx2);
+            }
+            if is_x86_feature_detected!("avx512f") {
+                v.push(Isa::Avx512);
+            }
+        }
+        v
+    }
+
+    const SHAPES: &[(usize, usize)] = &[(1, 1), (5, 19), (37, 16), (301, 257), (130, 1000)];
+
+    #[test]
+    fn every_gemv_path_matches_f64_reference_f32_weights() {
+        // Tolerance: 1e-5 relative to Σ|x·w| (f32 accumulation vs f64).
+        for &(rows, cols) in SHAPES {
+            let w = random_vec(rows * cols, 1);
+            for n in 1..=GEMV_MAX_N {
+                let x = random_vec(n * cols, 2 + n as u64);
+                let mut want = vec![0.0; n * rows];
+                matmul_f32_ref(&x, n, &w, rows, cols, &mut want);
+                let scale = abs_scale(&x, n, &w, rows, cols);
+                for isa in isas() {
+                    let mut got = vec![f32::NAN; n * rows];
+                    gemv(isa, &x, n, &w, rows, cols, &mut got);
+                    assert_close(&got, &want, &scale, 1e-5, &format!("f32 {isa:?} n={n} [{rows}x{cols}]"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_gemv_path_matches_f64_reference_bf16_weights() {
+        // Widening is exact, so the same 1e-5 relative tolerance applies.
+        for &(rows, cols) in SHAPES {
+            let w: Vec<u16> = random_vec(rows * cols, 3).iter().map(|&v| f32_to_bf16(v)).collect();
+            for n in 1..=GEMV_MAX_N {
+                let x = random_vec(n * cols, 4 + n as u64);
+                let mut want = vec![0.0; n * rows];
+                matmul_bf16_ref(&x, n, &w, rows, cols, &mut want);
+                let scale = abs_scale(&x, n, bits_as::<Bf16>(&w), rows, cols);
+                for isa in isas() {
+                    let mut got = vec![f32::NAN; n * rows];
+                    gemv(isa, &x, n, bits_as::<Bf16>(&w), rows, cols, &mut got);
+                    assert_close(&got, &want, &scale, 1e-5, &format!("bf16 {isa:?} n={n} [{rows}x{cols}]"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_gemv_path_matches_f64_reference_f16_weights() {
+        for &(rows, cols) in SHAPES {
+            let w: Vec<u16> = random_vec(rows * cols, 5).iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+            for n in 1..=GEMV_MAX_N {
+                let x = random_vec(n * cols, 6 + n as u64);
+                let mut want = vec![0.0; n * rows];
+                matmul_f16_ref(&x, n, &w, rows, cols, &mut want);
+                let scale = abs_scale(&x, n, bits_as::<F16>(&w), rows, cols);
+                for isa in isas() {
+                    let mut got = vec![f32::NAN; n * rows];
+                    gemv(isa, &x, n, bits_as::<F16>(&w), rows, cols, &mut got);
+                    assert_close(&got, &want, &scale, 1e-5, &format!("f16 {isa:?} n={n} [{rows}x{cols}]"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn public_matmuls_match_reference_for_gemv_and_gemm_batch_sizes() {
+        // n in {1,2,3,7,33}: 1–3 take the GEMV path, 7 and 33 the GEMM path
+        // (bf16/f16 with several row tiles, the last one partial).
+        // Tolerance 1e-5 relative to Σ|x·w|.
+        for &(rows, cols) in &[(5usize, 19usize), (301, 257), (333, 70)] {
+            let wf = random_vec(rows * cols, 7);
+            let wb: Vec<u16> = wf.iter().map(|&v| f32_to_bf16(v)).collect();
+            let wh: Vec<u16> = wf.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+            for &n in &[1usize, 2, 3, 7, 33] {
+                let x = random_vec(n * cols, 8 + n as u64);
+                let (mut want, mut got) = (vec![0.0; n * rows], vec![f32::NAN; n * rows]);
+
+                matmul_f32_ref(&x, n, &wf, rows, cols, &mut want);
+                matmul_f32(&x, n, &wf, rows, cols, &mut got);
+                assert_close(&got, &want, &abs_scale(&x, n, &wf, rows, cols), 1e-5, &format!("f32 n={n} [{rows}x{cols}]"));
+
+                matmul_bf16_ref(&x, n, &wb, rows, cols, &mut want);
+                matmul_bf16(&x, n, &wb, rows, cols, &mut got);
+                let scale = abs_scale(&x, n, bits_as::<Bf16>(&wb), rows, cols);
+                assert_close(&got, &want, &scale, 1e-5, &format!("bf16 n={n} [{rows}x{cols}]"));
+
+                matmul_f16_ref(&x, n, &wh, rows, cols, &mut want);
+                matmul_f16(&x, n, &wh, rows, cols, &mut got);
+                let scale = abs_scale(&x, n, bits_as::<F16>(&wh), rows, cols);
+                assert_close(&got, &want, &scale, 1e-5, &format!("f16 n={n} [{rows}x{cols}]"));
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_gemv_agrees_with_f32_gemv_on_widened_weights() {
+        // Same values, same kernel structure: agreement within 1e-6 of Σ|x·w|.
+        let (rows, cols) = (777, 333);
+        let wb: Vec<u16> = random_vec(rows * cols, 9).iter().map(|&v| f32_to_bf16(v)).collect();
+        let wf: Vec<f32> = wb.iter().map(|&b| crate::dtype::bf16_to_f32(b)).collect();
+        for n in 1..=GEMV_MAX_N {
+            let x = random_vec(n * cols, 10);
+            let (mut a, mut b) = (vec![0.0; n * rows], vec![0.0; n * rows]);
+            matmul_bf16(&x, n, &wb, rows, cols, &mut a);
+            matmul_f32(&x, n, &wf, rows, cols, &mut b);
+            assert_close(&a, &b, &abs_scale(&x, n, &wf, rows, cols), 1e-6, &format!("n={n}"));
+        }
+    }
+
+    #[test]
+    fn dot_matches_f64_on_every_path_and_length() {
+        // Tolerance 1e-5 relative to Σ|a·b|.
+        for len in [0usize, 1, 7, 8, 15, 16, 17, 63, 64, 65, 200, 1031] {
+            let a = random_vec(len, 11);
+            let b = random_vec(len, 12);
+            let want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+            let scale: f64 = a.iter().zip(&b).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum();
+            for isa in isas() {
+                let got = dot_with(isa, &a, &b) as f64;
+                assert!((got - want).abs() <= 1e-5 * scale + 1e-30, "{isa:?} len {len}: {got} vs {want}");
+            }
+            assert!((dot_f32(&a, &b) as f64 - want).abs() <= 1e-5 * scale + 1e-30);
+        }
+    }
+
+    #[test]
+    fn zero_width_input_gives_zero_output() {
+        let mut out = vec![1.0; 6];
+        matmul_f32(&[], 2, &[], 3, 0, &mut out);
+        assert_eq!(out, vec![0.0; 6]);
+    }
+
+    #[test]
+    fn tiles_stay_within_bounds_and_cache_budget() {
+        assert_eq!(tile_rows(4096, 4096, 2), 64);
+        assert_eq!(tile_rows(1536, 576, 2), 384usize.min(TILE_MAX_ROWS));
+        assert_eq!(tile_rows(10, 100_000, 2), TILE_MIN_ROWS);
+        for &(r, c, t) in &[(1usize, 1usize, 1usize), (333, 70, 2), (50_000, 7168, 2)] {
+            let tile = tile_rows(r, c, t);
+            assert!((TILE_MIN_ROWS..=TILE_MAX_ROWS).contains(&tile) && tile.is_multiple_of(16));
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! [`Matrix`]: a weight matrix kept in its stored dtype, and its matmul.
+//!
+//! Checkpoint tensors are memory-mapped; a [`Storage`] either borrows a
+//! range of such a mapping (kept alive by an `Arc`) or owns its bytes. The
+//! range is always aligned for its element type: a misaligned range is
+//! copied once at load time.
+
+use std::sync::Arc;
+
+use crate::dtype::{bf16_to_f32, DType};
+use crate::error::{Error, Result};
+
+/// Bytes owned elsewhere (a memory map) that a [`Storage`] can borrow.
+pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// Raw bytes of a tensor: borrowed from a shared owner or owned here.
+#[derive(Clone)]
+pub struct Storage {
+    /// Keeps the bytes alive (a memory map, or an owned aligned buffer).
+    owner: SharedBytes,
+    /// Byte offset of the tensor inside `owner`.
+    offset: usize,
+    /// Length in bytes.
+    len: usize,
+}
+
+/// An owned buffer whose bytes start on an 8-byte boundary.
+struct AlignedBuf(Vec<u64>, usize);
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: u64 storage reinterpreted as bytes; `1` never exceeds 8·len.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const u8, self.1) }
+    }
+}
+
+impl Storage {
+    /// Borrows `len` bytes at `offset` of `owner`; copies them when they are
+    /// not aligned to `align` bytes.
+    pub fn borrowed(owner: SharedBytes, offset: usize, len: usize, align: usize) -> Storage {
+        let ptr = (*owner).as_ref()[offset..offset + len].as_ptr() as usize;
+        if ptr % align.max(1) == 0 {
+            Storage { owner, offset, len }
+        } else {
+            Storage::from_bytes(&(*owner).as_ref()[offset..offset + len])
+        }
+    }
+
+    /// Copies `bytes` into a new 8-byte aligned buffer.
+    pub fn from_bytes(bytes: &[u8]) -> Storage {
+        let mut buf = vec![0u64; bytes.len().div_ceil(8)];
+        // SAFETY: the u64 buffer has at least bytes.len() bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.as_mut_ptr() as *mut u8, bytes.len())
+        };
+        let len = bytes.len();
+        Storage { owner: Arc::new(AlignedBuf(buf, len)), offset: 0, len }
+    }
+
+    /// Owns a copy of an f32 slice.
+    pub fn from_f32(values: &[f32]) -> Storage {
+        Storage::from_bytes(as_bytes(values))
+    }
+
+    /// Owns a copy of a u16 slice (bf16 or f16 bits).
+    pub fn from_u16(values: &[u16]) -> Storage {
+        Storage::from_bytes(as_bytes(values))
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.offset..self.offset + self.len]
+    }
+
+    /// The bytes as f32 values (the length must be a multiple of 4).
+    pub fn as_f32(&self) -> &[f32] {
+        cast_slice(self.bytes())
+    }
+
+    /// The bytes as u16 values (bf16/f16 bits).
+    pub fn as_u16(&self) -> &[u16] {
+        cast_slice(self.bytes())
+    }
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Storage({} bytes)", self.len)
+    }
+}
+
+fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {
+    // SAFETY: plain-old-data slice viewed as bytes.
+    unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
+}
+
+fn cast_slice<T: Copy>(bytes: &[u8]) -> &[T] {
+    let size = std::mem::size_of::<T>();
+    assert_eq!(bytes.len() % size, 0, "byte length is not a multiple of the element size");
+    assert_eq!(bytes.as_ptr() as usize % std::mem::align_of::<T>(), 0, "storage is aligned at construction");
+    // SAFETY: length and alignment checked above; T is plain old data (f32/u16).
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, bytes.len() / size) }
+}
+
+/// A weight matrix `[rows = out features, cols = in features]` in its stored dtype.
+#[derive(Clone, Debug)]
+pub struct Matrix {
+    /// Output features (rows as stored in the checkpoint).
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// How `data` is encoded.
+    pub dtype: DType,
+    /// The row-major values.
+    pub data: Storage,
+}
+
+impl Matrix {
+    /// Wraps storage as a `[rows, cols]` matrix of `dtype`, checking the length.
+    pub fn new(rows: usize, cols: usize, dtype: DType, data: Storage) -> Result<Matrix> {
+        let elem = match dtype {
+            DType::F32 => 4,
+            DType::BF16 | DType::F16 => 2,
+        };
+        if data.bytes().len() != rows * cols * elem {
+            return Err(Error::Shape {
+                op: "Matrix::new",
+                detail: format!("[{rows}, {cols}] {dtype} needs {} bytes, got {}", rows * cols * elem, data.bytes().len()),
+            });
+        }
+        Ok(Matrix { rows, cols, dtype, data })
+    }
+
+    /// An f32 matrix that owns a copy of `values`.
+    pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Matrix {
+        Matrix::new(rows, cols, DType::F32, Storage::from_f32(values)).expect("caller passes rows*cols values")
+    }
+
+    /// A bf16 matrix that owns a copy of `bits`.
+    pub fn from_bf16(rows: usize, cols: usize, bits: &[u16]) -> Matrix {
+        Matrix::new(rows, cols, DType::BF16, Storage::from_u16(bits)).expect("caller passes rows*cols values")
+    }
+
+    /// `out[n, rows] = x[n, cols] · selfᵀ`, where `n = x.len() / cols`.
+    pub fn matmul(&self, x: &[f32], out: &mut [f32]) {
+        let n = x.len() / self.cols;
+        assert_eq!(x.len(), n * self.cols, "matmul: input is not a whole number of rows");
+        assert_eq!(out.len(), n * self.rows, "matmul: output has the wrong size");
+        match self.dtype {
+            DType::F32 => crate::gemm::matmul_f32(x, n, self.data.as_f32(), self.rows, self.cols, out),
+            DType::BF16 => crate::gemm::matmul_bf16(x, n, self.data.as_u16(), self.rows, self.cols, out),
+            DType::F16 => crate::gemm::matmul_f16(x, n, self.data.as_u16(), self.rows, self.cols, out),
+        }
+    }
+
+    /// Allocating form of [`Matrix::matmul`].
+    pub fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let n = x.len() / self.cols;
+        let mut out = vec![0.0; n * self.rows];
+        self.matmul(x, &mut out);
+        out
+    }
+
+    /// Row `r` widened to f32 (used for embedding lookups).
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
+        assert_eq!(out.len(), self.cols, "row_f32: output length must equal cols");
+        let range = r * self.cols..(r + 1) * self.cols;
+        match self.dtype {
+            DType::F32 => out.copy_from_slice(&self.data.as_f32()[range]),
+            DType::BF16 => {
+                for (o, &b) in out.iter_mut().zip(&self.data.as_u16()[range]) {
+                    *o = bf16_to_f32(b);
+                }
+            }
+            DType::F16 => {
+                for (o, &b) in out.iter_mut().zip(&self.data.as_u16()[range]) {
+                    *o = half::f16::from_bits(b).to_f32();
+                }
+            }
+        }
+    }
+
+    /// The whole matrix widened to f32 (for small weights and tests only).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.rows * self.cols];
+        for r in 0..self.rows {
+            self.row_f32(r, &mut out[r * self.cols..(r + 1) * self.cols]);
+        }
+        out
+    }
+
+    /// Bytes the weight occupies in memory.
+    pub fn nbytes(&self) -> usize {
+        self.data.bytes().len()
+    }
+}

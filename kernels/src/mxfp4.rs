@@ -1,0 +1,1174 @@
+//! # MXFP4: OCP Microscaling FP4 weights, encoded, decoded and multiplied packed
+//!
+//! Format (OCP MX v1.0, architecture reference §6.1): blocks of [`BLOCK_ELEMS`] = 32
+//! elements share one E8M0 scale byte `e` worth `2^(e − 127)` (`0xFF` is NaN and
+//! makes its whole block NaN; there is no zero scale). Each element is a 4-bit
+//! E2M1 code: codes 0–7 are `0, 0.5, 1, 1.5, 2, 3, 4, 6` ([`E2M1_VALUES`]) and
+//! 8–15 their negatives. 4.25 bits per weight.
+//!
+//! Layout (gpt-oss / compressed-tensors, §6.2): a `[rows, cols]` weight is two
+//! tensors, `blocks: u8 [rows, cols/32, 16]` and `scales: u8 [rows, cols/32]`.
+//! Byte `j` of a block holds element `2j` in its low nibble and `2j + 1` in its
+//! high nibble. `cols` must be a multiple of 32.
+//!
+//! What lives here:
+//! - [`dequantize`] / [`decode_block`]: the plain decoder, the oracle of every
+//!   fast path.
+//! - [`quantize`] / [`quantize_block`]: the exact encoder (OCP reference rule for
+//!   the shared exponent, round-to-nearest-even on the code, saturating at ±6).
+//! - [`matmul_mxfp4`]: `y = x · Wᵀ` straight from the packed bytes, in f32.
+//!   Weight rows are decoded in registers two at a time and multiplied with
+//!   groups of up to four activation rows; for large `n` the input dimension is
+//!   cut into slices so that the activations of a slice stay in L2 while the
+//!   weights stream through once. The matrix is never expanded. (Decoding row
+//!   tiles into an f32 scratch for the `gemm` crate was measured 2–6× slower
+//!   at n = 8–64 on the 2-core Zen host, so there is no such path.)
+//! - [`matmul_mxfp4_q8`]: the same product with activations rounded to int8 per
+//!   32-element block (llama.cpp's Q8 scheme) and integer dot products
+//!   (AVX-512 VNNI); faster, with the error bound stated on the function.
+//!
+//! Kernels are picked at run time: AVX-512F (16-entry `vpermps` lookup of the
+//! E2M1 values), AVX2+FMA (8-entry lookup plus sign bit), and a portable scalar
+//! loop. All of them consume activations whose 32-element blocks are reordered
+//! to `[even elements, odd elements]`, the order in which nibbles unpack, so no
+//! kernel has to interleave decoded values. Work is split over the rayon pool
+//! by ranges of weight rows.
+
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+
+/// Elements that share one E8M0 scale.
+pub const BLOCK_ELEMS: usize = 32;
+/// Packed bytes per block: 32 four-bit codes.
+pub const BLOCK_BYTES: usize = 16;
+/// The E8M0 byte that encodes NaN; every element of its block decodes to NaN.
+pub const E8M0_NAN: u8 = 0xFF;
+/// The scale byte [`quantize`] writes for an all-zero block: `2^0`. Any scale
+/// would decode to zeros; 127 is the neutral exponent.
+pub const ZERO_BLOCK_SCALE: u8 = 127;
+
+/// E2M1 code → value. Codes 8–15 carry the sign bit (8 is −0.0).
+pub const E2M1_VALUES: [f32; 16] =
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+
+/// E2M1 values doubled (all integers), as int8: the lookup of the int8 kernel.
+const E2M1_X2_I8: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Minimum weight bytes one GEMV task streams, so that rayon's per-task cost
+/// (~1 µs) stays small. Default 16 KiB.
+const MIN_TASK_BYTES: usize = 16 * 1024;
+
+/// Bit pattern of the f32 that E8M0 byte `e` encodes.
+const fn e8m0_bits(e: u8) -> u32 {
+    match e {
+        0 => 0x0040_0000, // 2^-127 is subnormal in f32
+        0xFF => 0x7FC0_0000,
+        _ => (e as u32) << 23,
+    }
+}
+
+/// Every E8M0 byte decoded, so kernels look scales up instead of branching.
+static E8M0_TABLE: [f32; 256] = {
+    let mut table = [0.0f32; 256];
+    let mut i = 0;
+    while i < 256 {
+        table[i] = f32::from_bits(e8m0_bits(i as u8));
+        i += 1;
+    }
+    table
+};
+
+/// Decodes an E8M0 scale byte: `2^(e − 127)`, NaN for `0xFF`.
+#[inline]
+pub fn e8m0_to_f32(e: u8) -> f32 {
+    E8M0_TABLE[e as usize]
+}
+
+/// Checks that `blocks` and `scales` hold a packed `[rows, cols]` matrix.
+pub fn check_layout(op: &'static str, blocks_len: usize, scales_len: usize, rows: usize, cols: usize) -> Result<()> {
+    if !cols.is_multiple_of(BLOCK_ELEMS) {
+        return Err(Error::Shape { op, detail: format!("cols must be a multiple of {BLOCK_ELEMS}, got {cols}") });
+    }
+    let nb = rows * (cols / BLOCK_ELEMS);
+    if blocks_len != nb * BLOCK_BYTES || scales_len != nb {
+        return Err(Error::Shape {
+            op,
+            detail: format!(
+                "[{rows}, {cols}] needs {} block bytes and {nb} scales, got {blocks_len} and {scales_len}",
+                nb * BLOCK_BYTES
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Decodes one block: `out[2j] = E2M1[block[j] & 15]·s`, `out[2j+1] = E2M1[block[j] >> 4]·s`.
+///
+/// Exact in f32 except at the top of the E8M0 range: with scale bytes 253/254
+/// the values of magnitude ≥ 4·2¹²⁶ exceed f32 and decode to ±∞ (every kernel
+/// here does the same).
+pub fn decode_block(block: &[u8; BLOCK_BYTES], scale: u8, out: &mut [f32; BLOCK_ELEMS]) {
+    let s = e8m0_to_f32(scale);
+    for (j, &b) in block.iter().enumerate() {
+        out[2 * j] = E2M1_VALUES[(b & 0xF) as usize] * s;
+        out[2 * j + 1] = E2M1_VALUES[(b >> 4) as usize] * s;
+    }
+}
+
+/// The plain decoder: the whole `[rows, cols]` matrix as row-major f32.
+/// The oracle of every fused kernel; use it for small weights and tests only.
+pub fn dequantize(blocks: &[u8], scales: &[u8], rows: usize, cols: usize) -> Result<Vec<f32>> {
+    check_layout("mxfp4::dequantize", blocks.len(), scales.len(), rows, cols)?;
+    let mut out = vec![0.0; rows * cols];
+    for ((o, b), &s) in out.chunks_exact_mut(BLOCK_ELEMS).zip(blocks.chunks_exact(BLOCK_BYTES)).zip(scales) {
+        decode_block(
+            b.try_into().expect("chunks_exact yields whole blocks"),
+            s,
+            o.try_into().expect("chunks_exact yields whole blocks"),
+        );
+    }
+    Ok(out)
+}
+
+/// `floor(log2(a))` for a finite `a > 0`, exact for subnormals too.
+fn floor_log2(a: f32) -> i32 {
+    let bits = a.to_bits() & 0x7FFF_FFFF;
+    let biased = (bits >> 23) as i32;
+    if biased > 0 {
+        biased - 127
+    } else {
+        31 - bits.leading_zeros() as i32 - 149
+    }
+}
+
+/// Nearest E2M1 code to `v` (already divided by the block scale): ties go to
+/// the even code, magnitudes above 6 saturate to ±6, the sign is kept (−0 → 8).
+fn e2m1_code(v: f32) -> u8 {
+    // Midpoints between consecutive magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+    const MID: [f32; 7] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
+    let m = v.abs();
+    let mut code = 0u8;
+    for (k, &t) in MID.iter().enumerate() {
+        let up = k as u8 + 1;
+        if m > t || (m == t && up.is_multiple_of(2)) {
+            code = up;
+        } else {
+            break;
+        }
+    }
+    code | if v.is_sign_negative() { 8 } else { 0 }
+}
+
+/// Encodes one block of 32 values into packed codes and its scale byte.
+///
+/// The shared exponent follows the OCP MX reference ("microxcaling"):
+/// `floor(log2(amax)) − 2` (2 is E2M1's largest exponent), clamped to the
+/// E8M0 range [−127, 127]; elements are divided by `2^exp` (exactly) and
+/// rounded to the nearest E2M1 value, ties to the even code, saturating at ±6.
+/// An all-zero block gets [`ZERO_BLOCK_SCALE`]; a block with any NaN or ±∞
+/// gets [`E8M0_NAN`] and zero codes.
+pub fn quantize_block(x: &[f32; BLOCK_ELEMS]) -> ([u8; BLOCK_BYTES], u8) {
+    if x.iter().any(|v| !v.is_finite()) {
+        return ([0; BLOCK_BYTES], E8M0_NAN);
+    }
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let exp = if amax == 0.0 { 0 } else { (floor_log2(amax) - 2).clamp(-127, 127) };
+    // 2^-exp with exp in [-127, 125] (finite amax < 2^128) is a normal f32.
+    let inv = f32::from_bits(((127 - exp) as u32) << 23);
+    let mut out = [0u8; BLOCK_BYTES];
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = e2m1_code(x[2 * j] * inv) | (e2m1_code(x[2 * j + 1] * inv) << 4);
+    }
+    (out, (exp + 127) as u8)
+}
+
+/// Encodes a row-major `[rows, cols]` f32 matrix into `(blocks, scales)` with
+/// [`quantize_block`]. Errors if `cols` is not a multiple of 32 or `w` has the
+/// wrong length.
+pub fn quantize(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<u8>, Vec<u8>)> {
+    let op = "mxfp4::quantize";
+    if !cols.is_multiple_of(BLOCK_ELEMS) {
+        return Err(Error::Shape { op, detail: format!("cols must be a multiple of {BLOCK_ELEMS}, got {cols}") });
+    }
+    if w.len() != rows * cols {
+        return Err(Error::Shape { op, detail: format!("[{rows}, {cols}] needs {} values, got {}", rows * cols, w.len()) });
+    }
+    let nb = w.len() / BLOCK_ELEMS;
+    let mut blocks = Vec::with_capacity(nb * BLOCK_BYTES);
+    let mut scales = Vec::with_capacity(nb);
+    for chunk in w.chunks_exact(BLOCK_ELEMS) {
+        let (b, s) = quantize_block(chunk.try_into().expect("chunks_exact yields whole blocks"));
+        blocks.extend_from_slice(&b);
+        scales.push(s);
+    }
+    Ok((blocks, scales))
+}
+
+/// `out[n, rows] = x[n, cols] · Wᵀ` with `W` packed MXFP4, computed in f32
+/// (FMA, results differ from an f64 dot product only by f32 summation
+/// rounding, at most `cols · 2⁻²³ · Σ|w·x|`). A NaN scale makes the outputs of
+/// its row NaN.
+///
+/// # Panics
+/// If the packed layout does not match `[rows, cols]` (see [`check_layout`]) or
+/// `x`/`out` are not `n` rows long.
+pub fn matmul_mxfp4(x: &[f32], n: usize, blocks: &[u8], scales: &[u8], rows: usize, cols: usize, out: &mut [f32]) {
+    matmul_exact(Isa::detect(), slice_blocks(n, 4 * BLOCK_ELEMS, 1), x, n, blocks, scales, rows, cols, out);
+}
+
+/// [`matmul_mxfp4`] with activations rounded to int8 per 32-element block
+/// (`d = amax/127`, `q = round(x/d)`) and exact integer dot products per block.
+///
+/// Error: `|y − y_exact| ≤ Σᵢ |wᵢ|·d_b(i)/2 · (1 + 2⁻²⁰)` plus f32 summation
+/// rounding, where `d_b` is the activation step of the block holding `i`
+/// (about 0.4% of the block's largest activation). Non-finite activations give
+/// non-finite outputs. Uses AVX-512 VNNI; where that is missing the exact
+/// [`matmul_mxfp4`] runs instead (which meets the same bound).
+///
+/// # Panics
+/// As [`matmul_mxfp4`].
+pub fn matmul_mxfp4_q8(x: &[f32], n: usize, blocks: &[u8], scales: &[u8], rows: usize, cols: usize, out: &mut [f32]) {
+    if !q8_available() {
+        return matmul_mxfp4(x, n, blocks, scales, rows, cols, out);
+    }
+    matmul_q8(slice_blocks(n, 36, 4), x, n, blocks, scales, rows, cols, out);
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch and drivers.
+
+/// Instruction set a kernel is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    /// Portable loop; the fallback everywhere.
+    Scalar,
+    /// x86-64 AVX2 + FMA.
+    Avx2,
+    /// x86-64 AVX-512F.
+    Avx512,
+}
+
+impl Isa {
+    /// The best kernel this CPU runs.
+    fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+}
+
+/// Whether the int8 kernel of [`matmul_mxfp4_q8`] runs on this CPU.
+fn q8_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A raw output pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every task writes only the output columns of its own weight rows.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above; no element is read or written by two tasks.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Panics unless the arguments describe `out[n, rows] = x[n, cols] · Wᵀ`.
+fn check_args(x: &[f32], n: usize, blocks: &[u8], scales: &[u8], rows: usize, cols: usize, out: &[f32]) {
+    if let Err(e) = check_layout("matmul_mxfp4", blocks.len(), scales.len(), rows, cols) {
+        panic!("{e}");
+    }
+    assert_eq!(x.len(), n * cols, "matmul_mxfp4: x must be [n, cols]");
+    assert_eq!(out.len(), n * rows, "matmul_mxfp4: out must be [n, rows]");
+}
+
+/// Runs `f(r0, r1)` over disjoint ranges covering `0..rows` on the rayon pool,
+/// each range streaming at least [`MIN_TASK_BYTES`] of weights when possible.
+fn for_row_ranges(rows: usize, row_bytes: usize, f: impl Fn(usize, usize) + Sync) {
+    let threads = rayon::current_num_threads().max(1);
+    let min_rows = (MIN_TASK_BYTES / row_bytes.max(1)).max(1);
+    let chunk = rows.div_ceil(threads * 4).max(min_rows);
+    let tasks = rows.div_ceil(chunk);
+    if tasks <= 1 || threads == 1 {
+        // No hand-off to the pool: waking a worker costs more than a small GEMV.
+        return f(0, rows);
+    }
+    (0..tasks).into_par_iter().for_each(|t| f(t * chunk, ((t + 1) * chunk).min(rows)));
+}
+
+/// Copies `x` reordering each 32-element block to `[even elements, odd elements]`.
+fn permute_blocks(x: &[f32]) -> Vec<f32> {
+    let mut out = vec![0.0; x.len()];
+    for (o, b) in out.chunks_exact_mut(BLOCK_ELEMS).zip(x.chunks_exact(BLOCK_ELEMS)) {
+        for j in 0..BLOCK_ELEMS / 2 {
+            o[j] = b[2 * j];
+            o[16 + j] = b[2 * j + 1];
+        }
+    }
+    out
+}
+
+/// Activation bytes held per K slice by the GEMV driver. The slice of all `n`
+/// activation rows is re-read for every pair of weight rows, so for long
+/// prefills it must stay in cache. Slices of 128 KiB–1 MiB (L2-sized) measured
+/// 10–30% slower than none at n = 64, [4096 × 4096] on the Zen host, so the
+/// default 4 MiB only cuts activations that would spill out of L3's reach.
+/// Range: 256 KiB up to a share of L3.
+const X_SLICE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Blocks per K slice for `n` activation rows of `block_bytes` prepared bytes
+/// per block: the slice of all rows fits in [`X_SLICE_BYTES`]; a multiple of
+/// `unit`, at least `unit`.
+fn slice_blocks(n: usize, block_bytes: usize, unit: usize) -> usize {
+    (X_SLICE_BYTES / (block_bytes * n.max(1)) / unit).max(1) * unit
+}
+
+/// The exact product with a chosen kernel and K-slice length (in blocks).
+#[allow(clippy::too_many_arguments)]
+fn matmul_exact(isa: Isa, slice: usize, x: &[f32], n: usize, blocks: &[u8], scales: &[u8], rows: usize, cols: usize, out: &mut [f32]) {
+    check_args(x, n, blocks, scales, rows, cols, out);
+    if n == 0 || rows == 0 {
+        return;
+    }
+    if cols == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let xp = permute_blocks(x);
+    let kernel = ExactKernel { isa, xp: &xp, cols };
+    Gemv { kernel, n, cols, rows, slice: slice.max(1), out: OutPtr(out.as_mut_ptr()) }.run(blocks, scales);
+}
+
+/// The int8-activation product with a K-slice length (in blocks, a multiple of 4).
+/// Only called when [`q8_available`].
+#[allow(clippy::too_many_arguments)]
+fn matmul_q8(slice: usize, x: &[f32], n: usize, blocks: &[u8], scales: &[u8], rows: usize, cols: usize, out: &mut [f32]) {
+    check_args(x, n, blocks, scales, rows, cols, out);
+    assert!(slice.is_multiple_of(4) && slice > 0, "matmul_q8: slices are whole groups of 4 blocks");
+    if n == 0 || rows == 0 {
+        return;
+    }
+    if cols == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let ng = (cols / BLOCK_ELEMS).div_ceil(4);
+    let mut xq = vec![128u8; n * ng * 128];
+    let mut dx = vec![0.0f32; n * ng * 4];
+    for ((xi, q), d) in x.chunks_exact(cols).zip(xq.chunks_exact_mut(ng * 128)).zip(dx.chunks_exact_mut(ng * 4)) {
+        quantize_activations_q8(xi, q, d);
+    }
+    let kernel = Q8Kernel { xq: &xq, dx: &dx, ng };
+    Gemv { kernel, n, cols, rows, slice, out: OutPtr(out.as_mut_ptr()) }.run(blocks, scales);
+}
+
+/// Packed bytes and scales of one weight row (or of a slice of its blocks).
+type Row<'a> = (&'a [u8], &'a [u8]);
+
+/// A fused kernel the GEMV driver runs: packed weight rows against activation
+/// rows prepared once per call.
+trait DotKernel: Sync {
+    /// Whether to run weight rows in pairs (MW = 2).
+    const PAIRS: bool;
+    /// `y[m][i] = w_m · x_(i0+i)` over blocks `kb0..kb1` (the span of `w`).
+    fn dot<const MW: usize, const NX: usize>(&self, w: [Row<'_>; MW], i0: usize, kb0: usize, kb1: usize) -> [[f32; NX]; MW];
+}
+
+/// [`matmul_mxfp4`]'s kernel: f32 activations with permuted blocks.
+struct ExactKernel<'a> {
+    /// Kernel to run.
+    isa: Isa,
+    /// Activations `[n, cols]`, blocks permuted to `[evens, odds]`.
+    xp: &'a [f32],
+    /// Input features (the row stride of `xp`).
+    cols: usize,
+}
+
+impl DotKernel for ExactKernel<'_> {
+    const PAIRS: bool = true;
+    fn dot<const MW: usize, const NX: usize>(&self, w: [Row<'_>; MW], i0: usize, kb0: usize, kb1: usize) -> [[f32; NX]; MW] {
+        let xs = std::array::from_fn(|i| &self.xp[(i0 + i) * self.cols + kb0 * BLOCK_ELEMS..(i0 + i) * self.cols + kb1 * BLOCK_ELEMS]);
+        rows_dot::<MW, NX>(self.isa, w, xs)
+    }
+}
+
+/// [`matmul_mxfp4_q8`]'s kernel: int8 activations in groups of 4 blocks.
+struct Q8Kernel<'a> {
+    /// `q + 128` per activation, `ng · 128` bytes per row ([`quantize_activations_q8`]).
+    xq: &'a [u8],
+    /// `d/2` per block, `ng · 4` per row.
+    dx: &'a [f32],
+    /// Groups of 4 blocks per row.
+    ng: usize,
+}
+
+impl DotKernel for Q8Kernel<'_> {
+    const PAIRS: bool = true;
+    fn dot<const MW: usize, const NX: usize>(&self, w: [Row<'_>; MW], i0: usize, kb0: usize, kb1: usize) -> [[f32; NX]; MW] {
+        // Slices start on a group boundary; only the last one may end inside a group.
+        let (g0, g1) = (kb0 / 4, kb1.div_ceil(4));
+        let xs = std::array::from_fn(|i| {
+            let row = (i0 + i) * self.ng;
+            (&self.xq[(row + g0) * 128..(row + g1) * 128], &self.dx[(row + g0) * 4..(row + g1) * 4])
+        });
+        q8_dot::<MW, NX>(w, xs)
+    }
+}
+
+/// One GEMV-style product: weight rows stream once per K slice, two at a
+/// time, each pair against groups of up to four activation rows.
+struct Gemv<K> {
+    /// The dot-product kernel and its prepared activations.
+    kernel: K,
+    /// Activation rows.
+    n: usize,
+    /// Input features.
+    cols: usize,
+    /// Output features (the row stride of `out`).
+    rows: usize,
+    /// Blocks per K slice ([`slice_blocks`]; smaller in tests).
+    slice: usize,
+    /// `out[n, rows]`; each task writes only its own weight rows' columns.
+    out: OutPtr,
+}
+
+impl<K: DotKernel> Gemv<K> {
+    /// Computes the whole product, split over the rayon pool by weight rows.
+    fn run(&self, blocks: &[u8], scales: &[u8]) {
+        let nb = self.cols / BLOCK_ELEMS;
+        for_row_ranges(self.rows, nb * (BLOCK_BYTES + 1), |r0, r1| self.rows(blocks, scales, r0, r1));
+    }
+
+    /// Computes output columns `r0..r1`.
+    fn rows(&self, blocks: &[u8], scales: &[u8], r0: usize, r1: usize) {
+        let nb = self.cols / BLOCK_ELEMS;
+        for kb0 in (0..nb).step_by(self.slice) {
+            let kb1 = (kb0 + self.slice).min(nb);
+            let row = |r: usize| -> Row<'_> {
+                (&blocks[(r * nb + kb0) * BLOCK_BYTES..(r * nb + kb1) * BLOCK_BYTES], &scales[r * nb + kb0..r * nb + kb1])
+            };
+            let mut r = r0;
+            while r < r1 {
+                if K::PAIRS && r + 1 < r1 {
+                    self.x_groups(r, [row(r), row(r + 1)], kb0, kb1);
+                    r += 2;
+                } else {
+                    self.x_groups(r, [row(r)], kb0, kb1);
+                    r += 1;
+                }
+            }
+        }
+    }
+
+    /// Weight rows `r..r+MW` (blocks `kb0..kb1`) against every activation row,
+    /// four at a time; the first K slice stores, later ones add.
+    fn x_groups<const MW: usize>(&self, r: usize, w: [Row<'_>; MW], kb0: usize, kb1: usize) {
+        let k = &self.kernel;
+        let mut i = 0;
+        while i < self.n {
+            let take = (self.n - i).min(4);
+            let mut y = [[0.0f32; 4]; MW];
+            let mut put = |t: &[[f32; 4]]| y.iter_mut().zip(t).for_each(|(d, s)| *d = *s);
+            match take {
+                4 => put(&k.dot::<MW, 4>(w, i, kb0, kb1)),
+                3 => put(&k.dot::<MW, 3>(w, i, kb0, kb1).map(|a| [a[0], a[1], a[2], 0.0])),
+                2 => put(&k.dot::<MW, 2>(w, i, kb0, kb1).map(|a| [a[0], a[1], 0.0, 0.0])),
+                _ => put(&k.dot::<MW, 1>(w, i, kb0, kb1).map(|a| [a[0], 0.0, 0.0, 0.0])),
+            }
+            for (m, ym) in y.iter().enumerate() {
+                for (kx, &v) in ym[..take].iter().enumerate() {
+                    // SAFETY: (i + kx, r + m) is inside out ([n, rows], checked by the
+                    // caller) and weight row r + m belongs to this task only.
+                    unsafe {
+                        let p = self.out.get().add((i + kx) * self.rows + r + m);
+                        *p = if kb0 == 0 { v } else { *p + v };
+                    }
+                }
+            }
+            i += take;
+        }
+    }
+}
+
+/// Dot products of `MW` packed weight rows with `NX` permuted activation rows:
+/// `y[m][i] = w_m · x_i`.
+fn rows_dot<const MW: usize, const NX: usize>(isa: Isa, w: [Row<'_>; MW], xs: [&[f32]; NX]) -> [[f32; NX]; MW] {
+    for (wb, ws) in w {
+        assert_eq!(wb.len(), ws.len() * BLOCK_BYTES, "rows_dot: one scale per block");
+        assert!(xs.iter().all(|x| x.len() == ws.len() * BLOCK_ELEMS), "rows_dot: activations span the row");
+    }
+    match isa {
+        // SAFETY: Avx512/Avx2 are only chosen when the CPU has them (Isa::detect,
+        // or tests that check first); lengths asserted above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::rows_dot_avx512(w, xs) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => w.map(|(wb, ws)| unsafe { x86::row_dot_avx2(wb, ws, xs) }),
+        _ => w.map(|(wb, ws)| row_dot_scalar(wb, ws, xs)),
+    }
+}
+
+/// Portable single-row [`rows_dot`]: block sums in f32, then scaled.
+fn row_dot_scalar<const NX: usize>(wb: &[u8], ws: &[u8], xs: [&[f32]; NX]) -> [f32; NX] {
+    let mut acc = [0.0f32; NX];
+    for (b, (blk, &e)) in wb.chunks_exact(BLOCK_BYTES).zip(ws).enumerate() {
+        let mut t = [0.0f32; NX];
+        for (j, &byte) in blk.iter().enumerate() {
+            let (lo, hi) = (E2M1_VALUES[(byte & 0xF) as usize], E2M1_VALUES[(byte >> 4) as usize]);
+            for (ti, x) in t.iter_mut().zip(&xs) {
+                *ti += lo * x[32 * b + j] + hi * x[32 * b + 16 + j];
+            }
+        }
+        let s = e8m0_to_f32(e);
+        for (a, ti) in acc.iter_mut().zip(t) {
+            *a += ti * s;
+        }
+    }
+    acc
+}
+
+/// Rounds one activation row to int8 per block, in the int8 kernel's layout:
+/// groups of 4 blocks as `[evens of b0..b3 (16 each), odds of b0..b3]`, each
+/// value stored as `q + 128`; `dx[b]` gets `d/2` (the weights are doubled).
+/// Padding blocks of the last group keep `q = 0` and `d = 0`.
+fn quantize_activations_q8(x: &[f32], xq: &mut [u8], dx: &mut [f32]) {
+    for (b, blk) in x.chunks_exact(BLOCK_ELEMS).enumerate() {
+        let amax = blk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        // NaN/∞ activations make d non-finite, so their outputs are non-finite too.
+        dx[b] = if amax.is_finite() { d * 0.5 } else { f32::NAN };
+        let (g, k) = (b / 4, b % 4);
+        for j in 0..BLOCK_ELEMS / 2 {
+            let q = |v: f32| ((v * inv).round().clamp(-127.0, 127.0) as i32 + 128) as u8;
+            xq[g * 128 + k * 16 + j] = q(blk[2 * j]);
+            xq[g * 128 + 64 + k * 16 + j] = q(blk[2 * j + 1]);
+        }
+    }
+}
+
+/// Int8 dot products of `MW` packed rows with `NX` quantised activation rows.
+fn q8_dot<const MW: usize, const NX: usize>(w: [Row<'_>; MW], xs: [(&[u8], &[f32]); NX]) -> [[f32; NX]; MW] {
+    let ng = w[0].1.len().div_ceil(4);
+    for (wb, ws) in w {
+        assert!(wb.len() == ws.len() * BLOCK_BYTES && ws.len().div_ceil(4) == ng, "q8_dot: one scale per block");
+    }
+    assert!(xs.iter().all(|(q, d)| q.len() == ng * 128 && d.len() == ng * 4), "q8_dot: activations span the row");
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert!(q8_available(), "q8_dot: needs AVX-512 VNNI");
+        // SAFETY: features checked just above; lengths asserted.
+        unsafe { x86::q8_dot_avx512(w, xs) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("q8_dot is only reached when q8_available()")
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! x86-64 kernels. Callers check CPU features and slice lengths.
+    use std::arch::x86_64::*;
+
+    use super::{BLOCK_BYTES, BLOCK_ELEMS, E2M1_VALUES, E2M1_X2_I8, E8M0_TABLE};
+
+    /// How far ahead of the current block the AVX-512 kernels prefetch packed
+    /// weights. Consecutive weight rows are adjacent, but each row is only a
+    /// few KiB, too short for the hardware prefetcher to ramp up: without the
+    /// hint a DRAM-cold [4096 × 4096] GEMV streamed 8.4 GB/s on one thread,
+    /// with 4–32 KiB ahead 18–21 GB/s. Default 8 KiB.
+    const PREFETCH_BYTES: usize = 8 * 1024;
+
+    /// AVX-512 `rows_dot`. Per block and weight row: the 16-entry value table
+    /// times the block scale, then two `vpermps` lookups (which read only the
+    /// low 4 index bits, so the low nibble needs no mask) give the scaled even
+    /// and odd elements; each (weight row, activation row) pair keeps two
+    /// accumulators.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn rows_dot_avx512<const MW: usize, const NX: usize>(
+        w: [(&[u8], &[u8]); MW],
+        xs: [&[f32]; NX],
+    ) -> [[f32; NX]; MW] {
+        let nb = w[0].1.len();
+        let lut = unsafe { _mm512_loadu_ps(E2M1_VALUES.as_ptr()) };
+        let mut acc = [[[_mm512_setzero_ps(); 2]; NX]; MW];
+        for b in 0..nb {
+            let mut we = [_mm512_setzero_ps(); MW];
+            let mut wo = [_mm512_setzero_ps(); MW];
+            for (m, (wb, ws)) in w.iter().enumerate() {
+                if b % 4 == 0 {
+                    prefetch(wb.as_ptr().wrapping_add(b * BLOCK_BYTES + PREFETCH_BYTES));
+                }
+                // SAFETY: every weight row has 16·nb bytes (asserted by the caller).
+                let v = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(wb.as_ptr().add(b * BLOCK_BYTES).cast()) });
+                let table = _mm512_mul_ps(lut, _mm512_set1_ps(E8M0_TABLE[ws[b] as usize]));
+                we[m] = _mm512_permutexvar_ps(v, table);
+                wo[m] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), table);
+            }
+            for (i, x) in xs.iter().enumerate() {
+                // SAFETY: every activation row has 32·nb floats (asserted by the caller).
+                let (xe, xo) = unsafe {
+                    let p = x.as_ptr().add(b * BLOCK_ELEMS);
+                    (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
+                };
+                for m in 0..MW {
+                    acc[m][i][0] = _mm512_fmadd_ps(we[m], xe, acc[m][i][0]);
+                    acc[m][i][1] = _mm512_fmadd_ps(wo[m], xo, acc[m][i][1]);
+                }
+            }
+        }
+        // Plain loops, not closures: a closure would not inherit the target
+        // features and the reduction would not be inlined.
+        let mut y = [[0.0f32; NX]; MW];
+        for (ym, am) in y.iter_mut().zip(&acc) {
+            for (v, a) in ym.iter_mut().zip(am) {
+                *v = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
+            }
+        }
+        y
+    }
+
+    /// Hints the cache line at `p` into L1 (a hint: never faults, any address).
+    #[inline]
+    #[target_feature(enable = "sse")]
+    fn prefetch(p: *const u8) {
+        _mm_prefetch::<_MM_HINT_T0>(p.cast());
+    }
+
+    /// Eight codes (i32 lanes) → E2M1 values: 8-entry lookup of the magnitude
+    /// by the low 3 bits, then code bit 3 moved to the f32 sign.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn codes_avx2(c: __m256i, lut8: __m256) -> __m256 {
+        let sign = _mm256_and_si256(_mm256_slli_epi32::<28>(c), _mm256_set1_epi32(i32::MIN));
+        _mm256_xor_ps(_mm256_permutevar8x32_ps(lut8, c), _mm256_castsi256_ps(sign))
+    }
+
+    /// Sum of the eight lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum_avx2(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+    }
+
+    /// AVX2+FMA single-row `rows_dot`: one block per step, two accumulators per row.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn row_dot_avx2<const NX: usize>(wb: &[u8], ws: &[u8], xs: [&[f32]; NX]) -> [f32; NX] {
+        let lut8 = unsafe { _mm256_loadu_ps(E2M1_VALUES.as_ptr()) };
+        let m4 = _mm256_set1_epi32(0xF);
+        let mut acc = [[_mm256_setzero_ps(); 2]; NX];
+        for (b, &e) in ws.iter().enumerate() {
+            // SAFETY: wb has 16·nb bytes, each xs row 32·nb floats (asserted by the caller).
+            let (v0, v1) = unsafe {
+                let p = wb.as_ptr().add(b * BLOCK_BYTES);
+                (_mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast())), _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8).cast())))
+            };
+            let s = _mm256_set1_ps(E8M0_TABLE[e as usize]);
+            // Elements 0,2..14 | 16,18..30 | 1,3..15 | 17,19..31: the permuted x order.
+            let w = [
+                _mm256_mul_ps(codes_avx2(_mm256_and_si256(v0, m4), lut8), s),
+                _mm256_mul_ps(codes_avx2(_mm256_and_si256(v1, m4), lut8), s),
+                _mm256_mul_ps(codes_avx2(_mm256_srli_epi32::<4>(v0), lut8), s),
+                _mm256_mul_ps(codes_avx2(_mm256_srli_epi32::<4>(v1), lut8), s),
+            ];
+            for (a, x) in acc.iter_mut().zip(&xs) {
+                // SAFETY: as above.
+                unsafe {
+                    let p = x.as_ptr().add(b * BLOCK_ELEMS);
+                    a[0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(p), a[0]);
+                    a[1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(p.add(8)), a[1]);
+                    a[0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(p.add(16)), a[0]);
+                    a[1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(p.add(24)), a[1]);
+                }
+            }
+        }
+        let mut y = [0.0f32; NX];
+        for (v, a) in y.iter_mut().zip(&acc) {
+            *v = hsum_avx2(_mm256_add_ps(a[0], a[1]));
+        }
+        y
+    }
+
+    /// AVX-512 VNNI int8 dot: four blocks (64 bytes) per step.
+    ///
+    /// Codes become doubled signed int8 weights via `vpshufb`; activations are
+    /// stored as `q + 128` (unsigned, as `vpdpbusd` wants), so each lane's sum
+    /// is corrected by `−128·Σw`, computed once per step for all `NX` rows.
+    /// Lane `l` of a step belongs to block `l / 4`; its float weight is the
+    /// E8M0 scale (built from the exponent bits) times the activation's `d/2`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn q8_dot_avx512<const MW: usize, const NX: usize>(
+        w: [(&[u8], &[u8]); MW],
+        xs: [(&[u8], &[f32]); NX],
+    ) -> [[f32; NX]; MW] {
+        let nb = w[0].1.len();
+        let lut = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(E2M1_X2_I8.as_ptr().cast()) });
+        let m4 = _mm512_set1_epi8(0x0F);
+        let c128 = _mm512_set1_epi8(-128);
+        let zero = _mm512_setzero_si512();
+        // pshufb pattern: in 128-bit lane k every dword takes byte k, zero-extended.
+        let sidx = _mm512_set_epi32(
+            0x8080_8003u32 as i32, 0x8080_8003u32 as i32, 0x8080_8003u32 as i32, 0x8080_8003u32 as i32,
+            0x8080_8002u32 as i32, 0x8080_8002u32 as i32, 0x8080_8002u32 as i32, 0x8080_8002u32 as i32,
+            0x8080_8001u32 as i32, 0x8080_8001u32 as i32, 0x8080_8001u32 as i32, 0x8080_8001u32 as i32,
+            0x8080_8000u32 as i32, 0x8080_8000u32 as i32, 0x8080_8000u32 as i32, 0x8080_8000u32 as i32,
+        );
+        let lane4 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        let mut acc = [[_mm512_setzero_ps(); NX]; MW];
+        for g in 0..nb.div_ceil(4) {
+            let k = (nb - 4 * g).min(4);
+            let mut wl = [zero; MW];
+            let mut wh = [zero; MW];
+            let mut base = [zero; MW];
+            let mut wscale = [_mm512_setzero_ps(); MW];
+            for (m, (wb, ws)) in w.iter().enumerate() {
+                let e4 = if k == 4 {
+                    u32::from_le_bytes([ws[4 * g], ws[4 * g + 1], ws[4 * g + 2], ws[4 * g + 3]])
+                } else {
+                    // Padding blocks get scale 2^0: finite, and their weights are zero.
+                    let mut e = [127u8; 4];
+                    for (j, v) in e.iter_mut().enumerate().take(k) {
+                        *v = ws[4 * g + j];
+                    }
+                    u32::from_le_bytes(e)
+                };
+                prefetch(wb.as_ptr().wrapping_add(g * 4 * BLOCK_BYTES + PREFETCH_BYTES));
+                // SAFETY: the masked load reads only the 16·k bytes of blocks 4g..4g+k.
+                let wv = unsafe {
+                    let p = wb.as_ptr().add(g * 4 * BLOCK_BYTES);
+                    if k == 4 { _mm512_loadu_si512(p.cast()) } else { _mm512_maskz_loadu_epi8((1u64 << (16 * k)) - 1, p.cast()) }
+                };
+                wl[m] = _mm512_shuffle_epi8(lut, _mm512_and_si512(wv, m4));
+                wh[m] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4));
+                let wsum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, c128, wl[m]), c128, wh[m]);
+                base[m] = _mm512_sub_epi32(zero, wsum);
+                let e = _mm512_shuffle_epi8(_mm512_set1_epi32(e4 as i32), sidx);
+                let mut sbits = _mm512_slli_epi32::<23>(e);
+                // Bytes 0 (2^-127, subnormal) and 255 (NaN) do not follow e << 23.
+                if _mm512_cmpge_epu32_mask(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), _mm512_set1_epi32(254)) != 0 {
+                    sbits = _mm512_mask_mov_epi32(sbits, _mm512_cmpeq_epi32_mask(e, zero), _mm512_set1_epi32(0x0040_0000));
+                    sbits = _mm512_mask_mov_epi32(sbits, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)), _mm512_set1_epi32(0x7FC0_0000));
+                }
+                wscale[m] = _mm512_castsi512_ps(sbits);
+            }
+            for (i, (q, d)) in xs.iter().enumerate() {
+                // SAFETY: q has 128 bytes and d 4 floats per group (asserted by the caller).
+                let (xe, xo, dv) = unsafe {
+                    (
+                        _mm512_loadu_si512(q.as_ptr().add(g * 128).cast()),
+                        _mm512_loadu_si512(q.as_ptr().add(g * 128 + 64).cast()),
+                        _mm512_castps128_ps512(_mm_loadu_ps(d.as_ptr().add(g * 4))),
+                    )
+                };
+                let dv = _mm512_permutexvar_ps(lane4, dv);
+                for m in 0..MW {
+                    let dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(base[m], xe, wl[m]), xo, wh[m]);
+                    acc[m][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wscale[m], dv), acc[m][i]);
+                }
+            }
+        }
+        let mut y = [[0.0f32; NX]; MW];
+        for (ym, am) in y.iter_mut().zip(&acc) {
+            for (v, a) in ym.iter_mut().zip(am) {
+                *v = _mm512_reduce_add_ps(*a);
+            }
+        }
+        y
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic xorshift generator (no `rand` dependency).
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        /// Uniform in [-1, 1).
+        fn f32(&mut self) -> f32 {
+            (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        }
+    }
+
+    /// Random packed matrix with scale bytes around 2^0 (120..=130).
+    fn random_packed(rng: &mut Rng, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
+        let nb = rows * cols / 32;
+        let blocks = (0..nb * 16).map(|_| rng.next() as u8).collect();
+        let scales = (0..nb).map(|_| 120 + (rng.next() % 11) as u8).collect();
+        (blocks, scales)
+    }
+
+    /// f64 reference product from the plain decoder, and Σ|w·x| per output.
+    fn reference(x: &[f32], n: usize, w: &[f32], rows: usize, cols: usize) -> (Vec<f64>, Vec<f64>) {
+        let (mut y, mut mag) = (vec![0.0; n * rows], vec![0.0; n * rows]);
+        for i in 0..n {
+            for r in 0..rows {
+                for k in 0..cols {
+                    let p = x[i * cols + k] as f64 * w[r * cols + k] as f64;
+                    y[i * rows + r] += p;
+                    mag[i * rows + r] += p.abs();
+                }
+            }
+        }
+        (y, mag)
+    }
+
+    /// Kernels this CPU can run.
+    fn available_isas() -> Vec<Isa> {
+        let mut v = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                v.push(Isa::Avx2);
+            }
+            if is_x86_feature_detected!("avx512f") {
+                v.push(Isa::Avx512);
+            }
+        }
+        v
+    }
+
+    const SHAPES: [(usize, usize); 5] = [(1, 32), (7, 96), (37, 544), (130, 64), (19, 160)];
+    const NS: [usize; 4] = [1, 2, 5, 17];
+
+    #[test]
+    fn e2m1_table_is_the_ocp_value_list() {
+        let pos = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        for c in 0..8 {
+            assert_eq!(E2M1_VALUES[c], pos[c]);
+            assert_eq!(E2M1_VALUES[c + 8], -pos[c]);
+            assert!(E2M1_VALUES[c + 8].is_sign_negative(), "code {} carries the sign bit", c + 8);
+            assert_eq!(E2M1_X2_I8[c] as f32, 2.0 * pos[c]);
+            assert_eq!(E2M1_X2_I8[c + 8] as f32, -2.0 * pos[c]);
+        }
+    }
+
+    #[test]
+    fn e8m0_decodes_powers_of_two_and_ff_to_nan() {
+        for e in 0..=254u8 {
+            assert_eq!(e8m0_to_f32(e) as f64, 2f64.powi(e as i32 - 127), "byte {e}");
+        }
+        assert_eq!(e8m0_to_f32(127), 1.0);
+        assert!(e8m0_to_f32(0xFF).is_nan());
+    }
+
+    #[test]
+    fn decode_block_puts_low_nibble_first() {
+        let mut block = [0u8; 16];
+        block[0] = 0x71; // element 0 = code 1 (0.5), element 1 = code 7 (6)
+        block[15] = 0xF8; // element 30 = code 8 (-0), element 31 = code 15 (-6)
+        let mut out = [1.0f32; 32];
+        decode_block(&block, 128, &mut out); // scale 2
+        assert_eq!((out[0], out[1]), (1.0, 12.0));
+        assert!(out[30] == 0.0 && out[30].is_sign_negative());
+        assert_eq!(out[31], -12.0);
+        assert!(out[2..30].iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn nan_scale_decodes_whole_block_to_nan() {
+        let mut out = [0.0f32; 32];
+        decode_block(&[0u8; 16], E8M0_NAN, &mut out);
+        assert!(out.iter().all(|v| v.is_nan()));
+        let w = dequantize(&[0x21; 32], &[127, E8M0_NAN], 1, 64).expect("valid layout");
+        assert!(w[..32].iter().all(|v| v.is_finite()) && w[32..].iter().all(|v| v.is_nan()));
+    }
+
+    #[test]
+    fn every_code_round_trips_at_every_scale() {
+        // Element 0 holds code 7 (6.0), so the block's amax pins the exponent.
+        // Scales 253 and 254 are left out: 4·2^126 and above overflow f32 to ∞.
+        for scale in 0..=252u8 {
+            for code in 0..16u8 {
+                let mut block = [0u8; 16];
+                block[0] = 0x07 | (code << 4);
+                block[9] = code | (code << 4);
+                let mut vals = [0.0f32; 32];
+                decode_block(&block, scale, &mut vals);
+                assert_eq!(quantize_block(&vals), (block, scale), "scale {scale} code {code}");
+            }
+        }
+    }
+
+    #[test]
+    fn quantize_of_decoded_block_is_identity_when_max_code_is_4_or_6() {
+        let mut rng = Rng(7);
+        for _ in 0..5000 {
+            let mut block: [u8; 16] = std::array::from_fn(|_| rng.next() as u8);
+            let big = [6u8, 7, 14, 15][(rng.next() % 4) as usize];
+            let pos = (rng.next() % 32) as usize;
+            block[pos / 2] = if pos.is_multiple_of(2) { (block[pos / 2] & 0xF0) | big } else { (block[pos / 2] & 0x0F) | (big << 4) };
+            let scale = (rng.next() % 253) as u8; // 0..=252: decoded values stay finite
+            let mut vals = [0.0f32; 32];
+            decode_block(&block, scale, &mut vals);
+            assert_eq!(quantize_block(&vals), (block, scale));
+        }
+    }
+
+    #[test]
+    fn quantize_error_is_within_half_a_grid_step_or_saturates() {
+        let mut rng = Rng(11);
+        for _ in 0..3000 {
+            let mag = 2f32.powi((rng.next() % 40) as i32 - 20);
+            let x: [f32; 32] = std::array::from_fn(|_| rng.f32() * mag);
+            let (b, s) = quantize_block(&x);
+            let mut q = [0.0f32; 32];
+            decode_block(&b, s, &mut q);
+            let step = e8m0_to_f32(s);
+            let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            assert!((4.0..8.0).contains(&(amax / step)), "exponent puts amax in [4, 8) steps");
+            for (&xi, &qi) in x.iter().zip(&q) {
+                let m = xi.abs() / step;
+                if m > 6.0 {
+                    assert_eq!(qi, 6.0 * step * xi.signum(), "saturates to ±6·scale");
+                } else {
+                    let half_gap = if m <= 2.0 { 0.25 } else if m <= 4.0 { 0.5 } else { 1.0 };
+                    assert!((xi - qi).abs() <= half_gap * step, "x {xi} q {qi} step {step}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn quantize_saturates_values_between_6_and_8_steps() {
+        let mut x = [0.0f32; 32];
+        x[0] = 7.9;
+        x[1] = -6.9;
+        x[2] = 4.0;
+        let (b, s) = quantize_block(&x);
+        assert_eq!(s, 127, "floor(log2 7.9) - 2 = 0");
+        let mut q = [0.0f32; 32];
+        decode_block(&b, s, &mut q);
+        assert_eq!(&q[..3], &[6.0, -6.0, 4.0]);
+    }
+
+    #[test]
+    fn quantize_ties_round_to_the_even_code() {
+        let mids = [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
+        let expect = [0.0f32, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0];
+        let mut x = [0.0f32; 32];
+        x[31] = 4.0; // pins the scale to 2^0
+        for (i, &m) in mids.iter().enumerate() {
+            x[2 * i] = m;
+            x[2 * i + 1] = -m;
+        }
+        let (b, s) = quantize_block(&x);
+        assert_eq!(s, 127);
+        let mut q = [0.0f32; 32];
+        decode_block(&b, s, &mut q);
+        for (i, &e) in expect.iter().enumerate() {
+            assert_eq!((q[2 * i], q[2 * i + 1]), (e, -e), "tie at {}", mids[i]);
+        }
+    }
+
+    #[test]
+    fn zero_block_gets_scale_127_and_non_finite_block_gets_nan_scale() {
+        let (b, s) = quantize_block(&[0.0; 32]);
+        assert_eq!((b, s), ([0; 16], ZERO_BLOCK_SCALE));
+        let mut x = [1.0f32; 32];
+        x[3] = f32::NAN;
+        assert_eq!(quantize_block(&x).1, E8M0_NAN);
+        x[3] = f32::INFINITY;
+        assert_eq!(quantize_block(&x).1, E8M0_NAN);
+        let tiny = [f32::from_bits(1); 32]; // 2^-149 clamps the exponent to -127
+        let (b, s) = quantize_block(&tiny);
+        assert_eq!((b, s), ([0; 16], 0), "rounds to zero codes at the smallest scale");
+    }
+
+    #[test]
+    fn shapes_that_are_not_whole_blocks_are_rejected() {
+        assert!(matches!(quantize(&[0.0; 40], 1, 40), Err(Error::Shape { .. })));
+        assert!(matches!(quantize(&[0.0; 64], 1, 32), Err(Error::Shape { .. })));
+        assert!(matches!(dequantize(&[0; 20], &[0; 1], 1, 40), Err(Error::Shape { .. })));
+        assert!(matches!(dequantize(&[0; 16], &[0; 2], 1, 32), Err(Error::Shape { .. })));
+        let (b, s) = quantize(&[1.0; 64], 2, 32).expect("whole blocks");
+        assert_eq!((b.len(), s.len()), (32, 2));
+    }
+
+    /// Checks `y` against the f64 reference with `|Δ| ≤ cols·2⁻²³·Σ|w·x| + 1e-30`.
+    fn assert_close(y: &[f32], reference: &(Vec<f64>, Vec<f64>), cols: usize, what: &str) {
+        for (k, (&v, (&r, &m))) in y.iter().zip(reference.0.iter().zip(&reference.1)).enumerate() {
+            let tol = cols as f64 * f32::EPSILON as f64 * m + 1e-30;
+            assert!((v as f64 - r).abs() <= tol, "{what}: out[{k}] = {v}, want {r} ± {tol}");
+        }
+    }
+
+    #[test]
+    fn every_exact_kernel_matches_f64_reference_on_odd_shapes() {
+        let mut rng = Rng(3);
+        for &(rows, cols) in &SHAPES {
+            let (blocks, scales) = random_packed(&mut rng, rows, cols);
+            let w = dequantize(&blocks, &scales, rows, cols).expect("valid layout");
+            for &n in &NS {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+                let want = reference(&x, n, &w, rows, cols);
+                for isa in available_isas() {
+                    for slice in [1, 4, slice_blocks(n, 128, 1)] {
+                        let mut y = vec![f32::NAN; n * rows];
+                        matmul_exact(isa, slice, &x, n, &blocks, &scales, rows, cols, &mut y);
+                        assert_close(&y, &want, cols, &format!("{isa:?} slice {slice} [{rows}x{cols}] n {n}"));
+                    }
+                }
+                let mut y = vec![f32::NAN; n * rows];
+                matmul_mxfp4(&x, n, &blocks, &scales, rows, cols, &mut y);
+                assert_close(&y, &want, cols, "matmul_mxfp4");
+            }
+        }
+    }
+
+    #[test]
+    fn k_sliced_products_match_reference() {
+        let mut rng = Rng(5);
+        let (rows, cols, n) = (5, 4160, 33); // 130 blocks
+        let (blocks, scales) = random_packed(&mut rng, rows, cols);
+        let w = dequantize(&blocks, &scales, rows, cols).expect("valid layout");
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+        let want = reference(&x, n, &w, rows, cols);
+        for slice in [7, 64, 130, slice_blocks(n, 128, 1)] {
+            let mut y = vec![f32::NAN; n * rows];
+            matmul_exact(Isa::detect(), slice, &x, n, &blocks, &scales, rows, cols, &mut y);
+            assert_close(&y, &want, cols, &format!("exact, slice {slice}"));
+        }
+        if q8_available() {
+            let mut whole = vec![f32::NAN; n * rows];
+            matmul_q8(132, &x, n, &blocks, &scales, rows, cols, &mut whole);
+            for slice in [4, 8, 128] {
+                let mut y = vec![f32::NAN; n * rows];
+                matmul_q8(slice, &x, n, &blocks, &scales, rows, cols, &mut y);
+                // Same integer sums, only the f32 summation order differs.
+                for (k, (&a, &b)) in y.iter().zip(&whole).enumerate() {
+                    let tol = cols as f64 * f32::EPSILON as f64 * want.1[k];
+                    assert!(((a - b) as f64).abs() <= tol, "q8 slice {slice}: out[{k}] {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    /// The int8 scheme in plain scalar code: per block `Σ q·(2w)` in i64, times `(d/2)·s`.
+    fn q8_scalar(x: &[f32], w_blocks: &[u8], scales: &[u8]) -> f64 {
+        let mut y = 0.0f64;
+        for (b, xb) in x.chunks_exact(32).enumerate() {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            let mut dot = 0i64;
+            for j in 0..16 {
+                let byte = w_blocks[(b * 16) + j];
+                let q = |v: f32| (v * inv).round().clamp(-127.0, 127.0) as i64;
+                dot += q(xb[2 * j]) * E2M1_X2_I8[(byte & 15) as usize] as i64;
+                dot += q(xb[2 * j + 1]) * E2M1_X2_I8[(byte >> 4) as usize] as i64;
+            }
+            y += dot as f64 * ((amax / 127.0 * 0.5) * e8m0_to_f32(scales[b])) as f64;
+        }
+        y
+    }
+
+    #[test]
+    fn q8_kernel_matches_scalar_int8_model_and_stays_within_its_bound() {
+        let mut rng = Rng(9);
+        for &(rows, cols) in &SHAPES {
+            let (blocks, scales) = random_packed(&mut rng, rows, cols);
+            let w = dequantize(&blocks, &scales, rows, cols).expect("valid layout");
+            let nb = cols / 32;
+            for &n in &NS {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() * 3.0).collect();
+                let (want, mag) = reference(&x, n, &w, rows, cols);
+                let mut y = vec![f32::NAN; n * rows];
+                matmul_mxfp4_q8(&x, n, &blocks, &scales, rows, cols, &mut y);
+                for i in 0..n {
+                    for r in 0..rows {
+                        let xi = &x[i * cols..(i + 1) * cols];
+                        // Bound: Σ|w|·d/2 per block (d = amax/127), plus f32 summation.
+                        let mut bound = cols as f64 * f32::EPSILON as f64 * mag[i * rows + r] + 1e-30;
+                        for (b, xb) in xi.chunks_exact(32).enumerate() {
+                            let d = xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+                            let wsum: f64 = w[r * cols + 32 * b..r * cols + 32 * b + 32].iter().map(|v| v.abs() as f64).sum();
+                            bound += wsum * d * 0.5 * (1.0 + 2f64.powi(-20));
+                        }
+                        let got = y[i * rows + r] as f64;
+                        let k = i * rows + r;
+                        assert!((got - want[k]).abs() <= bound, "[{rows}x{cols}] n {n} out[{k}] {got} vs {} ± {bound}", want[k]);
+                        if q8_available() {
+                            let model = q8_scalar(xi, &blocks[r * nb * 16..(r + 1) * nb * 16], &scales[r * nb..(r + 1) * nb]);
+                            let tol = 1e-5 * mag[k] + 1e-30;
+                            assert!((got - model).abs() <= tol, "int8 model {model} vs kernel {got}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn nan_scale_block_makes_only_its_rows_nan_in_every_kernel() {
+        let mut rng = Rng(13);
+        let (rows, cols) = (9, 160);
+        let (blocks, mut scales) = random_packed(&mut rng, rows, cols);
+        scales[3 * 5 + 4] = E8M0_NAN; // row 3, last block (a tail group in the int8 kernel)
+        scales[7 * 5] = 0; // row 7, the subnormal scale 2^-127 stays finite
+        for n in [1, 5, 17] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+            let mut runs: Vec<(String, Vec<f32>)> = Vec::new();
+            for isa in available_isas() {
+                for slice in [2, slice_blocks(n, 128, 1)] {
+                    let mut y = vec![0.0; n * rows];
+                    matmul_exact(isa, slice, &x, n, &blocks, &scales, rows, cols, &mut y);
+                    runs.push((format!("{isa:?} slice {slice}"), y));
+                }
+            }
+            let mut y = vec![0.0; n * rows];
+            matmul_mxfp4_q8(&x, n, &blocks, &scales, rows, cols, &mut y);
+            runs.push(("q8".into(), y));
+            if q8_available() {
+                let mut y = vec![0.0; n * rows];
+                matmul_q8(4, &x, n, &blocks, &scales, rows, cols, &mut y);
+                runs.push(("q8 slice 4".into(), y));
+            }
+            for (what, y) in runs {
+                for i in 0..n {
+                    for r in 0..rows {
+                        assert_eq!(y[i * rows + r].is_nan(), r == 3, "{what}: n {n} out[{i}, {r}]");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn empty_products_leave_output_untouched_or_zero() {
+        let mut out: Vec<f32> = vec![];
+        matmul_mxfp4(&[], 0, &[0; 16], &[127], 1, 32, &mut out);
+        let mut out = vec![1.0f32; 3];
+        matmul_mxfp4(&[], 3, &[], &[], 1, 0, &mut out);
+        assert_eq!(out, vec![0.0; 3]);
+    }
+}

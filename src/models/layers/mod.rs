@@ -1,0 +1,224 @@
+//! Blocks shared by the model files: norms, MLPs, the three attention kinds,
+//! the MoE block, and the bookkeeping of a batched forward.
+//!
+//! Each block owns its weights (as stored: bf16 stays bf16) and runs on the
+//! flat `[rows, width]` activations of the whole batch; only attention needs
+//! to know where each sequence's rows start ([`BatchLayout`]).
+
+pub mod gqa;
+pub mod kda;
+pub mod mla;
+pub mod moe;
+
+use caracal_kernels::activation;
+use caracal_kernels::norm;
+use caracal_kernels::Matrix;
+
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::models::{LogitsMode, SeqBatch};
+
+/// Where each sequence's rows sit in the flat batch.
+#[derive(Debug, Clone)]
+pub struct SeqSlice {
+    /// First row of this sequence in the batch.
+    pub row: usize,
+    /// Number of new tokens.
+    pub len: usize,
+    /// Position of the first new token.
+    pub start_pos: usize,
+    /// Copy of the sequence's block table (pages already reserved).
+    pub block_table: Vec<u32>,
+    /// Which logits the sequence wants.
+    pub logits: LogitsMode,
+}
+
+/// The shape of a batched forward: one [`SeqSlice`] per sequence.
+#[derive(Debug, Clone)]
+pub struct BatchLayout {
+    /// Per-sequence slices, in batch order.
+    pub seqs: Vec<SeqSlice>,
+    /// Total rows (new tokens over all sequences).
+    pub rows: usize,
+    /// Flat token ids of all rows.
+    pub tokens: Vec<u32>,
+    /// Position of every row.
+    pub positions: Vec<usize>,
+}
+
+impl BatchLayout {
+    /// Checks context limits, reserves KV pages, and lays the batch out.
+    pub fn prepare(
+        batch: &mut [SeqBatch<'_>],
+        cache: &mut caracal_kernels::paged::KvPool,
+        needs_pages: bool,
+        max_position: usize,
+    ) -> Result<BatchLayout> {
+        let mut seqs = Vec::with_capacity(batch.len());
+        let mut tokens = Vec::new();
+        let mut positions = Vec::new();
+        for s in batch.iter_mut() {
+            if s.tokens.is_empty() {
+                return Err(Error::InvalidRequest("a sequence in the batch has no new tokens".into()));
+            }
+            let end = s.state.len + s.tokens.len();
+            if end > max_position {
+                return Err(Error::PromptTooLong { prompt: end, context: max_position, max_tokens: 0 });
+            }
+            if needs_pages {
+                cache.ensure_capacity(&mut s.state.block_table, end)?;
+            }
+            seqs.push(SeqSlice {
+                row: tokens.len(),
+                len: s.tokens.len(),
+                start_pos: s.state.len,
+                block_table: s.state.block_table.clone(),
+                logits: s.logits,
+            });
+            positions.extend(s.state.len..end);
+            tokens.extend_from_slice(s.tokens);
+        }
+        Ok(BatchLayout { rows: tokens.len(), seqs, tokens, positions })
+    }
+
+    /// Rows whose logits were asked for, in batch order.
+    pub fn logit_rows(&self) -> Vec<usize> {
+        let mut rows = Vec::new();
+        for s in &self.seqs {
+            match s.logits {
+                LogitsMode::Last => rows.push(s.row + s.len - 1),
+                LogitsMode::All => rows.extend(s.row..s.row + s.len),
+                LogitsMode::None => {}
+            }
+        }
+        rows
+    }
+
+    /// Advances every sequence's length after a successful forward.
+    pub fn commit(&self, batch: &mut [SeqBatch<'_>]) {
+        for (s, sl) in batch.iter_mut().zip(&self.seqs) {
+            s.state.len = sl.start_pos + sl.len;
+        }
+    }
+}
+
+/// RMSNorm with an f32 weight.
+pub struct RmsNorm {
+    /// Per-channel scale.
+    pub weight: Vec<f32>,
+    /// Added to the mean square.
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    /// Loads `name` of width `dim`.
+    pub fn load(ckpt: &Checkpoint, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
+        Ok(RmsNorm { weight: ckpt.vector(name, dim)?, eps })
+    }
+
+    /// Normalises every row of `x`.
+    pub fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let mut out = vec![0.0; x.len()];
+        norm::rms_norm(x, &self.weight, self.eps, &mut out);
+        out
+    }
+}
+
+/// The activation between gate and up projections.
+#[derive(Debug, Clone, Copy)]
+pub enum GluAct {
+    /// SwiGLU: silu(gate) · up.
+    Silu,
+}
+
+impl GluAct {
+    /// Parses `hidden_act`.
+    pub fn from_name(name: &str) -> Result<GluAct> {
+        match name {
+            "silu" | "swish" => Ok(GluAct::Silu),
+            other => Err(Error::Config(format!("unsupported hidden_act `{other}` (supported: silu)"))),
+        }
+    }
+
+    /// `out = act(gate) · up`.
+    pub fn apply(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        match self {
+            GluAct::Silu => activation::swiglu(gate, up, out),
+        }
+    }
+}
+
+/// A gated MLP: `down(act(gate(x)) · up(x))`.
+pub struct Mlp {
+    /// `[intermediate, hidden]`.
+    pub gate_proj: Matrix,
+    /// `[intermediate, hidden]`.
+    pub up_proj: Matrix,
+    /// `[hidden, intermediate]`.
+    pub down_proj: Matrix,
+    /// The activation.
+    pub act: GluAct,
+}
+
+impl Mlp {
+    /// Loads `{prefix}.{gate,up,down}` with the given sub-names (`gate_proj`
+    /// or `w1`, ...).
+    pub fn load(
+        ckpt: &Checkpoint,
+        prefix: &str,
+        names: [&str; 3],
+        hidden: usize,
+        inter: usize,
+        act: GluAct,
+    ) -> Result<Mlp> {
+        Ok(Mlp {
+            gate_proj: ckpt.matrix(&format!("{prefix}.{}.weight", names[0]), inter, hidden)?,
+            up_proj: ckpt.matrix(&format!("{prefix}.{}.weight", names[1]), inter, hidden)?,
+            down_proj: ckpt.matrix(&format!("{prefix}.{}.weight", names[2]), hidden, inter)?,
+            act,
+        })
+    }
+
+    /// Runs the MLP on `x` `[n, hidden]`.
+    pub fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let gate = self.gate_proj.forward(x);
+        let up = self.up_proj.forward(x);
+        let mut h = vec![0.0; gate.len()];
+        self.act.apply(&gate, &up, &mut h);
+        self.down_proj.forward(&h)
+    }
+}
+
+/// Looks up embedding rows for `tokens`.
+pub fn embed(table: &Matrix, tokens: &[u32]) -> Result<Vec<f32>> {
+    let d = table.cols;
+    let mut x = vec![0.0; tokens.len() * d];
+    for (i, &t) in tokens.iter().enumerate() {
+        if t as usize >= table.rows {
+            return Err(Error::InvalidRequest(format!("token id {t} is outside the vocabulary (size {})", table.rows)));
+        }
+        table.row_f32(t as usize, &mut x[i * d..(i + 1) * d]);
+    }
+    Ok(x)
+}
+
+/// Final norm and LM head on the rows whose logits were requested.
+pub fn logits(hidden: &[f32], layout: &BatchLayout, norm: &RmsNorm, lm_head: &Matrix) -> Vec<f32> {
+    let d = lm_head.cols;
+    let rows = layout.logit_rows();
+    let mut picked = Vec::with_capacity(rows.len() * d);
+    for r in rows {
+        picked.extend_from_slice(&hidden[r * d..(r + 1) * d]);
+    }
+    if picked.is_empty() {
+        return Vec::new();
+    }
+    lm_head.forward(&norm.forward(&picked))
+}
+
+/// Adds `delta` into `x` elementwise.
+pub fn add_inplace(x: &mut [f32], delta: &[f32]) {
+    for (a, b) in x.iter_mut().zip(delta) {
+        *a += b;
+    }
+}
