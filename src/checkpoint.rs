@@ -5,6 +5,12 @@
 //! files ask for tensors by their published names with the shape the config
 //! implies ([`Checkpoint::matrix`], [`Checkpoint::vector`]); a wrong shape or
 //! dtype is an error that names the tensor.
+//!
+//! MXFP4 weights load packed, never expanded: [`Checkpoint::matrix`] falls
+//! back to the compressed-tensors pair `{base}.weight_packed` +
+//! `{base}.weight_scale` when `{base}.weight` is absent, and
+//! [`Checkpoint::fused_expert_matrix`] slices one expert out of gpt-oss style
+//! `{base}_blocks` + `{base}_scales` (or a fused float `{base}`) tensors.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -218,8 +224,19 @@ impl Checkpoint {
         Ok(e)
     }
 
-    /// A `[rows, cols]` weight in its stored float dtype (no copy).
+    /// A `[rows, cols]` weight in its stored dtype (no copy).
+    ///
+    /// Float tensors (f32, bf16, f16) are returned as stored. When `name` ends
+    /// in `.weight`, is absent, and the compressed-tensors MXFP4 pair
+    /// `{base}.weight_packed` (u8 `[rows, cols/2]`) + `{base}.weight_scale`
+    /// (u8 `[rows, cols/32]`, E8M0) exists instead, an MXFP4 matrix borrowing
+    /// the mapped bytes is returned (see [`Checkpoint::mxfp4_pair`]).
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        if !self.has(name) {
+            if let Some((packed, scale)) = self.mxfp4_pair(name) {
+                return self.packed_matrix(&packed, &scale, rows, cols);
+            }
+        }
         let e = self.check_shape(name, &[rows, cols])?.clone();
         let dtype = match e.dtype {
             StoredDType::F32 => DType::F32,
@@ -232,8 +249,136 @@ impl Checkpoint {
         Ok(Matrix::new(rows, cols, dtype, self.storage(name)?)?)
     }
 
+    /// Whether a `[rows, cols]` weight `name` can be loaded with
+    /// [`Checkpoint::matrix`]: stored as is, or as a compressed-tensors MXFP4 pair.
+    pub fn has_matrix(&self, name: &str) -> bool {
+        self.has(name) || self.mxfp4_pair(name).is_some()
+    }
+
+    /// The names `({base}.weight_packed, {base}.weight_scale)` of the
+    /// compressed-tensors MXFP4 form of `{base}.weight`, when both exist.
+    ///
+    /// Layout (compressed-tensors `mxfp4-pack-quantized`, the way Kimi K3 ships
+    /// its experts): `weight_packed` is u8 `[rows, cols/2]`, two E2M1 codes per
+    /// byte, the even element in the low nibble; `weight_scale` is u8
+    /// `[rows, cols/32]`, one E8M0 exponent per 32 consecutive elements of a
+    /// row. Byte for byte this is the gpt-oss `[rows, cols/32, 16]` blocks
+    /// layout that [`caracal_kernels::mxfp4`] consumes.
+    pub fn mxfp4_pair(&self, name: &str) -> Option<(String, String)> {
+        let base = name.strip_suffix(".weight")?;
+        let packed = format!("{base}.weight_packed");
+        let scale = format!("{base}.weight_scale");
+        (self.has(&packed) && self.has(&scale)).then_some((packed, scale))
+    }
+
+    /// An MXFP4 matrix from a `weight_packed` / `weight_scale` pair, checked
+    /// against `[rows, cols]`.
+    fn packed_matrix(&self, packed: &str, scale: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        if cols % caracal_kernels::mxfp4::BLOCK_ELEMS != 0 {
+            return Err(Error::TensorShape { name: packed.into(), expected: vec![rows, cols / 2], found: self.entry(packed)?.shape.clone() });
+        }
+        for (n, shape) in [(packed, [rows, cols / 2]), (scale, [rows, cols / caracal_kernels::mxfp4::BLOCK_ELEMS])] {
+            let e = self.check_shape(n, &shape)?;
+            if e.dtype != StoredDType::U8 {
+                return Err(Error::TensorDType { name: n.into(), expected: "u8".into(), found: e.dtype.name().into() });
+            }
+        }
+        Ok(Matrix::mxfp4(rows, cols, self.storage(packed)?, self.storage(scale)?)?)
+    }
+
+    /// One expert's `[rows, cols]` slice of a fused 3-D expert weight.
+    ///
+    /// Two layouts are read, tried in this order:
+    /// - gpt-oss MXFP4: `{base}_blocks` u8 `[E, R, cols/32, 16]` and
+    ///   `{base}_scales` u8 `[E, R, cols/32]` (`quant_method: mxfp4`);
+    /// - a float tensor `{base}` `[E, R, cols]` (transformers' fused experts).
+    ///
+    /// Rows `row_start .. row_start + rows` of expert `expert` are returned,
+    /// borrowing the mapped bytes. With `base = ….experts.gate_up_proj` and
+    /// `R = 2·I`, the gate projection is rows `[0, I)` and the up projection
+    /// rows `[I, 2I)`: the two halves are **concatenated**, as in transformers'
+    /// fused `gate_up_proj`. gpt-oss itself **interleaves** them (gate = even
+    /// rows, up = odd rows); such checkpoints must be de-interleaved before
+    /// loading, this function does not do it. `{base} = ….experts.down_proj`
+    /// has `R = hidden`.
+    pub fn fused_expert_matrix(&self, base: &str, expert: usize, row_start: usize, rows: usize, cols: usize) -> Result<Matrix> {
+        use caracal_kernels::mxfp4::{BLOCK_BYTES, BLOCK_ELEMS};
+        let blocks_name = format!("{base}_blocks");
+        let scales_name = format!("{base}_scales");
+        if self.has(&blocks_name) && self.has(&scales_name) {
+            let b = self.entry(&blocks_name)?.clone();
+            let s = self.entry(&scales_name)?.clone();
+            for (n, e) in [(&blocks_name, &b), (&scales_name, &s)] {
+                if e.dtype != StoredDType::U8 {
+                    return Err(Error::TensorDType { name: n.clone(), expected: "u8".into(), found: e.dtype.name().into() });
+                }
+            }
+            let nb = cols / BLOCK_ELEMS;
+            let (experts, total_rows) = match b.shape.as_slice() {
+                [e, r, c, 16] if cols % BLOCK_ELEMS == 0 && *c == nb => (*e, *r),
+                _ => {
+                    return Err(Error::TensorShape {
+                        name: blocks_name,
+                        expected: vec![0, row_start + rows, nb, BLOCK_BYTES],
+                        found: b.shape.clone(),
+                    })
+                }
+            };
+            if s.shape != [experts, total_rows, nb] {
+                return Err(Error::TensorShape { name: scales_name, expected: vec![experts, total_rows, nb], found: s.shape.clone() });
+            }
+            Self::check_expert_range(&blocks_name, expert, experts, row_start, rows, total_rows)?;
+            let first_block = (expert * total_rows + row_start) * nb;
+            let blocks = Storage::borrowed(
+                self.shards[b.shard].clone(),
+                b.offset + first_block * BLOCK_BYTES,
+                rows * nb * BLOCK_BYTES,
+                1,
+            );
+            let scales = Storage::borrowed(self.shards[s.shard].clone(), s.offset + first_block, rows * nb, 1);
+            return Ok(Matrix::mxfp4(rows, cols, blocks, scales)?);
+        }
+        let e = self.entry(base).map_err(|_| Error::MissingTensor { name: format!("{base} (or {blocks_name} + {scales_name})") })?.clone();
+        let (experts, total_rows) = match e.shape.as_slice() {
+            [n, r, c] if *c == cols => (*n, *r),
+            _ => return Err(Error::TensorShape { name: base.into(), expected: vec![0, row_start + rows, cols], found: e.shape.clone() }),
+        };
+        Self::check_expert_range(base, expert, experts, row_start, rows, total_rows)?;
+        let dtype = match e.dtype {
+            StoredDType::F32 => DType::F32,
+            StoredDType::BF16 => DType::BF16,
+            StoredDType::F16 => DType::F16,
+            other => {
+                return Err(Error::TensorDType { name: base.into(), expected: "f32, bf16, f16".into(), found: other.name().into() })
+            }
+        };
+        let size = e.dtype.size();
+        let start = (expert * total_rows + row_start) * cols * size;
+        let data = Storage::borrowed(self.shards[e.shard].clone(), e.offset + start, rows * cols * size, size);
+        Ok(Matrix::new(rows, cols, dtype, data)?)
+    }
+
+    fn check_expert_range(name: &str, expert: usize, experts: usize, row_start: usize, rows: usize, total: usize) -> Result<()> {
+        if expert >= experts || row_start + rows > total {
+            return Err(Error::Config(format!(
+                "`{name}`: expert {expert}, rows {row_start}..{} is outside its {experts} experts × {total} rows",
+                row_start + rows
+            )));
+        }
+        Ok(())
+    }
+
     /// A tensor of any float dtype widened to f32, checked against `shape`.
+    ///
+    /// A 2-D `{base}.weight` stored as a compressed-tensors MXFP4 pair (see
+    /// [`Checkpoint::mxfp4_pair`]) is decoded (weights that a model widens
+    /// at load time, like MLA's `kv_b_proj`, load from quantized checkpoints).
     pub fn tensor_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        if !self.has(name) && shape.len() == 2 {
+            if let Some((packed, scale)) = self.mxfp4_pair(name) {
+                return Ok(self.packed_matrix(&packed, &scale, shape[0], shape[1])?.to_f32_vec());
+            }
+        }
         let e = self.check_shape(name, shape)?.clone();
         let bytes = self.bytes(name)?;
         let out = match e.dtype {
@@ -255,13 +400,49 @@ impl Checkpoint {
         self.tensor_f32(name, &[len])
     }
 
-    /// Total elements of all tensors (parameters).
+    /// Total parameters of all tensors. MXFP4 tensors count their logical
+    /// weights: two per packed byte (`*.weight_packed`, `*_blocks`), and
+    /// their scale tensors (`*.weight_scale`, `*_scales`) count nothing.
     pub fn total_params(&self) -> usize {
-        self.tensors.values().map(|e| e.shape.iter().product::<usize>()).sum()
+        self.tensors
+            .iter()
+            .map(|(name, e)| {
+                let numel = e.shape.iter().product::<usize>();
+                match mxfp4_role(name, e.dtype) {
+                    Some(Mxfp4Role::Packed) => 2 * numel,
+                    Some(Mxfp4Role::Scales) => 0,
+                    None => numel,
+                }
+            })
+            .sum()
     }
 
     /// Total bytes of all tensors.
     pub fn total_bytes(&self) -> usize {
         self.tensors.values().map(|e| e.len).sum()
+    }
+}
+
+/// What a u8 tensor of an MXFP4 checkpoint holds, judged by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mxfp4Role {
+    /// Packed E2M1 codes: `*.weight_packed` (compressed-tensors) or `*_blocks` (gpt-oss).
+    Packed,
+    /// E8M0 block scales: `*.weight_scale` (compressed-tensors) or `*_scales` (gpt-oss).
+    Scales,
+}
+
+/// The MXFP4 role of tensor `name` stored as `dtype`, if it has one (only u8
+/// tensors with the suffixes above do).
+pub fn mxfp4_role(name: &str, dtype: StoredDType) -> Option<Mxfp4Role> {
+    if dtype != StoredDType::U8 {
+        return None;
+    }
+    if name.ends_with(".weight_packed") || name.ends_with("_blocks") {
+        Some(Mxfp4Role::Packed)
+    } else if name.ends_with(".weight_scale") || name.ends_with("_scales") {
+        Some(Mxfp4Role::Scales)
+    } else {
+        None
     }
 }

@@ -96,3 +96,25 @@ impl Error {
         Error::Io { path: path.into(), source }
     }
 }
+
+impl From<Error> for caracal_actors::engine::EngineError {
+    fn from(e: Error) -> Self {
+        use caracal_actors::engine::EngineError;
+        match e {
+            Error::PromptTooLong { prompt, context, .. } => EngineError::ContextExceeded { tokens: prompt, context },
+            Error::Kernel(k) => EngineError::Kernel(k),
+            other => EngineError::InvalidInput(other.to_string()),
+        }
+    }
+}
+
+impl From<caracal_actors::engine::EngineError> for Error {
+    fn from(e: caracal_actors::engine::EngineError) -> Self {
+        use caracal_actors::engine::EngineError;
+        match e {
+            EngineError::ContextExceeded { tokens, context } => Error::PromptTooLong { prompt: tokens, context, max_tokens: 0 },
+            EngineError::Kernel(k) => Error::Kernel(k),
+            EngineError::InvalidInput(s) => Error::InvalidRequest(s),
+        }
+    }
+}

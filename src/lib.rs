@@ -23,8 +23,13 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod models;
+pub mod request;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
 pub mod tiktoken;
+pub mod toolcall;
 pub mod plan;
+pub mod eval;
+pub mod inspect;
+pub mod quantize;

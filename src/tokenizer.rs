@@ -148,3 +148,9 @@ impl StreamDecoder {
         Ok(after.get(before.len()..).unwrap_or("").to_string())
     }
 }
+
+impl caracal_actors::engine::Detokenize for TextTokenizer {
+    fn decode(&self, ids: &[u32]) -> String {
+        TextTokenizer::decode(self, ids, true).unwrap_or_default()
+    }
+}

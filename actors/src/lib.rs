@@ -1,3 +1,37 @@
-//! caracal-actors
+//! # caracal-actors
+//!
+//! The runtime: independent actors that exchange messages, and the plain
+//! state structs they wrap.
+//!
+//! The request pipeline, and who owns each stage:
+//!
+//! ```text
+//! ClientEvent (gateway, src/)          client JSON / CLI line
+//!   → ValidRequest (gateway)           validated: ids, SamplingParams, limits
+//!   → AdmitRequest (Scheduler)         queued; prefix looked up in SessionMemory
+//!   → ScheduledBatch (Scheduler)       one batched forward per step: decode rows
+//!                                      of running sequences + prefill chunks
+//!   → RunExperts (ExpertShard ×N)      routed MoE rows per shard, per layer
+//!   → TokenEvent (back to the caller)  token / finished / error, over the
+//!                                      request's own bounded channel
+//! ```
+//!
+//! Modules:
+//! - [`engine`]: the model interface the scheduler drives ([`engine::CausalLm`]).
+//! - [`messages`]: every cross-actor message, and nothing else.
+//! - [`scheduler`]: continuous batching, chunked prefill, sampling, cancellation.
+//! - [`session_memory`]: KV page pool accounting, radix prefix cache, KDA state
+//!   snapshots, session pins.
+//! - [`expert_shard`]: per-device expert shards and the dispatcher that splits
+//!   routed rows between them.
+//! - [`pages`], [`radix`]: the plain data structures behind session memory.
+//! - [`runtime`]: starts the actors and hands out an [`runtime::Engine`] handle.
+
+pub mod engine;
+pub mod expert_shard;
+pub mod messages;
 pub mod pages;
 pub mod radix;
+pub mod runtime;
+pub mod scheduler;
+pub mod session_memory;

@@ -14,6 +14,8 @@ pub enum DType {
     BF16,
     /// IEEE binary16.
     F16,
+    /// OCP MXFP4: 32 E2M1 values sharing one E8M0 scale (4.25 bits/weight).
+    Mxfp4,
 }
 
 impl fmt::Display for DType {
@@ -22,6 +24,7 @@ impl fmt::Display for DType {
             DType::F32 => "f32",
             DType::BF16 => "bf16",
             DType::F16 => "f16",
+            DType::Mxfp4 => "mxfp4",
         };
         f.write_str(s)
     }

@@ -111,8 +111,10 @@ pub struct Matrix {
     pub cols: usize,
     /// How `data` is encoded.
     pub dtype: DType,
-    /// The row-major values.
+    /// The row-major values (for MXFP4: packed blocks `[rows, cols/32, 16]`).
     pub data: Storage,
+    /// MXFP4 only: E8M0 block scales `[rows, cols/32]`.
+    pub scales: Option<Storage>,
 }
 
 impl Matrix {
@@ -121,6 +123,9 @@ impl Matrix {
         let elem = match dtype {
             DType::F32 => 4,
             DType::BF16 | DType::F16 => 2,
+            DType::Mxfp4 => {
+                return Err(Error::DType { op: "Matrix::new (use Matrix::mxfp4)", dtype: dtype.to_string() });
+            }
         };
         if data.bytes().len() != rows * cols * elem {
             return Err(Error::Shape {
@@ -128,7 +133,24 @@ impl Matrix {
                 detail: format!("[{rows}, {cols}] {dtype} needs {} bytes, got {}", rows * cols * elem, data.bytes().len()),
             });
         }
-        Ok(Matrix { rows, cols, dtype, data })
+        Ok(Matrix { rows, cols, dtype, data, scales: None })
+    }
+
+    /// An MXFP4 matrix from packed blocks `[rows, cols/32, 16]` and E8M0
+    /// scales `[rows, cols/32]` (cols must be a multiple of 32).
+    pub fn mxfp4(rows: usize, cols: usize, blocks: Storage, scales: Storage) -> Result<Matrix> {
+        crate::mxfp4::check_layout("Matrix::mxfp4", blocks.bytes().len(), scales.bytes().len(), rows, cols)?;
+        Ok(Matrix { rows, cols, dtype: DType::Mxfp4, data: blocks, scales: Some(scales) })
+    }
+
+    /// Quantises an f32 matrix to MXFP4.
+    pub fn quantize_mxfp4(rows: usize, cols: usize, values: &[f32]) -> Result<Matrix> {
+        let (blocks, scales) = crate::mxfp4::quantize(values, rows, cols)?;
+        Matrix::mxfp4(rows, cols, Storage::from_bytes(&blocks), Storage::from_bytes(&scales))
+    }
+
+    fn mx_scales(&self) -> &[u8] {
+        self.scales.as_ref().expect("MXFP4 matrices are built with scales").bytes()
     }
 
     /// An f32 matrix that owns a copy of `values`.
@@ -150,6 +172,9 @@ impl Matrix {
             DType::F32 => crate::gemm::matmul_f32(x, n, self.data.as_f32(), self.rows, self.cols, out),
             DType::BF16 => crate::gemm::matmul_bf16(x, n, self.data.as_u16(), self.rows, self.cols, out),
             DType::F16 => crate::gemm::matmul_f16(x, n, self.data.as_u16(), self.rows, self.cols, out),
+            DType::Mxfp4 => {
+                crate::mxfp4::matmul_mxfp4(x, n, self.data.bytes(), self.mx_scales(), self.rows, self.cols, out)
+            }
         }
     }
 
@@ -177,6 +202,13 @@ impl Matrix {
                     *o = half::f16::from_bits(b).to_f32();
                 }
             }
+            DType::Mxfp4 => {
+                let nb = self.cols / crate::mxfp4::BLOCK_ELEMS;
+                let blocks = &self.data.bytes()[r * nb * crate::mxfp4::BLOCK_BYTES..(r + 1) * nb * crate::mxfp4::BLOCK_BYTES];
+                let scales = &self.mx_scales()[r * nb..(r + 1) * nb];
+                let vals = crate::mxfp4::dequantize(blocks, scales, 1, self.cols).expect("row layout checked at construction");
+                out.copy_from_slice(&vals);
+            }
         }
     }
 
@@ -189,8 +221,27 @@ impl Matrix {
         out
     }
 
-    /// Bytes the weight occupies in memory.
+    /// Bytes the weight occupies in memory (blocks and scales for MXFP4).
     pub fn nbytes(&self) -> usize {
-        self.data.bytes().len()
+        self.data.bytes().len() + self.scales.as_ref().map(|s| s.bytes().len()).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mxfp4_matrix_matmul_equals_dense_matmul_of_its_decoded_values() {
+        let (rows, cols) = (5, 64);
+        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+        let q = Matrix::quantize_mxfp4(rows, cols, &w).unwrap();
+        let dense = Matrix::from_f32(rows, cols, &q.to_f32_vec());
+        let x: Vec<f32> = (0..2 * cols).map(|i| (i as f32 * 0.1).sin()).collect();
+        let (a, b) = (q.forward(&x), dense.forward(&x));
+        for (u, v) in a.iter().zip(&b) {
+            assert!((u - v).abs() <= 1e-4 * (1.0 + v.abs()), "{u} vs {v}");
+        }
+        assert_eq!(q.nbytes(), rows * cols / 2 + rows * cols / 32);
     }
 }

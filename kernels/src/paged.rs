@@ -39,6 +39,14 @@ impl KvPool {
         }
     }
 
+    /// Hands page allocation to someone else (session memory): the pool's
+    /// own free list is emptied, so [`KvPool::ensure_capacity`] only checks
+    /// that the caller reserved enough pages.
+    pub fn externally_allocated(mut self) -> KvPool {
+        self.free.clear();
+        self
+    }
+
     /// Pages in the pool.
     pub fn num_pages(&self) -> usize {
         self.num_pages

@@ -24,7 +24,7 @@ use serde_json::Value;
 use super::layers::mla::{MlaAttention, MlaOptions};
 use super::layers::moe::MoeBlock;
 use super::layers::{add_inplace, embed, logits, BatchLayout, GluAct, Mlp, RmsNorm};
-use super::{CausalLm, ModelInfo, SeqBatch, SeqState};
+use super::{CausalLm, EngineError, ExpertDispatch, ExpertFfn, ModelInfo, MoeModel, SeqBatch, SeqState};
 use crate::checkpoint::Checkpoint;
 use crate::config::{defaults, parse_config, rope_from_config};
 use crate::error::{Error, Result};
@@ -265,13 +265,7 @@ impl DeepseekV3 {
                 };
                 let bias_name = format!("{p}.mlp.gate.e_score_correction_bias");
                 let bias = if ckpt.has(&bias_name) { Some(ckpt.vector(&bias_name, e)?) } else { None };
-                Ffn::Moe(MoeBlock {
-                    gate: ckpt.matrix(&format!("{p}.mlp.gate.weight"), e, d)?,
-                    bias,
-                    experts,
-                    shared,
-                    router: router.clone(),
-                })
+                Ffn::Moe(MoeBlock::new(ckpt.matrix(&format!("{p}.mlp.gate.weight"), e, d)?, bias, experts, shared, router.clone(), i - c.first_k_dense_replace))
             };
             layers.push(Layer {
                 input_layernorm: RmsNorm::load(ckpt, &format!("{p}.input_layernorm.weight"), d, c.rms_norm_eps)?,
@@ -304,7 +298,7 @@ impl CausalLm for DeepseekV3 {
         SeqState::default()
     }
 
-    fn forward(&self, cache: &mut KvPool, batch: &mut [SeqBatch<'_>]) -> Result<Vec<f32>> {
+    fn forward(&self, cache: &mut KvPool, batch: &mut [SeqBatch<'_>]) -> std::result::Result<Vec<f32>, EngineError> {
         let layout = BatchLayout::prepare(batch, cache, true, self.info.max_position)?;
         let mut h = embed(&self.embed_tokens, &layout.tokens)?;
         for layer in &self.layers {
@@ -319,5 +313,23 @@ impl CausalLm for DeepseekV3 {
         }
         layout.commit(batch);
         Ok(logits(&h, &layout, &self.norm, &self.lm_head))
+    }
+
+    fn as_moe(&self) -> Option<&dyn MoeModel> {
+        Some(self)
+    }
+}
+
+impl MoeModel for DeepseekV3 {
+    fn experts(&self) -> Vec<Vec<std::sync::Arc<dyn ExpertFfn>>> {
+        self.layers.iter().filter_map(|l| match &l.ffn { Ffn::Moe(m) => Some(m.experts.clone()), Ffn::Dense(_) => None }).collect()
+    }
+
+    fn set_expert_dispatch(&self, dispatch: std::sync::Arc<dyn ExpertDispatch>) {
+        for l in &self.layers {
+            if let Ffn::Moe(m) = &l.ffn {
+                *m.dispatch.write().expect("dispatch lock is never poisoned") = Some(dispatch.clone());
+            }
+        }
     }
 }

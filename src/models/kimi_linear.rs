@@ -24,7 +24,7 @@ use super::layers::kda::KdaAttention;
 use super::layers::mla::{MlaAttention, MlaOptions};
 use super::layers::moe::MoeBlock;
 use super::layers::{add_inplace, embed, logits, BatchLayout, GluAct, Mlp, RmsNorm};
-use super::{CausalLm, ModelInfo, SeqBatch, SeqState};
+use super::{CausalLm, EngineError, ExpertDispatch, ExpertFfn, ModelInfo, MoeModel, SeqBatch, SeqState};
 use crate::checkpoint::Checkpoint;
 use crate::config::{defaults, parse_config};
 use crate::error::{Error, Result};
@@ -316,7 +316,7 @@ impl KimiLinear {
                 };
                 let bias_name = format!("{m}.gate.e_score_correction_bias");
                 let bias = if ckpt.has(&bias_name) { Some(ckpt.vector(&bias_name, e)?) } else { None };
-                Ffn::Moe(MoeBlock { gate: ckpt.matrix(&format!("{m}.gate.weight"), e, d)?, bias, experts, shared, router: router.clone() })
+                Ffn::Moe(MoeBlock::new(ckpt.matrix(&format!("{m}.gate.weight"), e, d)?, bias, experts, shared, router.clone(), (0..i).filter(|&j| c.is_moe_layer(j)).count()))
             } else {
                 Ffn::Dense(Mlp::load(ckpt, &format!("{p}.mlp"), ["gate_proj", "up_proj", "down_proj"], d, c.intermediate_size, act)?)
             };
@@ -359,10 +359,10 @@ impl CausalLm for KimiLinear {
         SeqState { linear, ..SeqState::default() }
     }
 
-    fn forward(&self, cache: &mut KvPool, batch: &mut [SeqBatch<'_>]) -> Result<Vec<f32>> {
+    fn forward(&self, cache: &mut KvPool, batch: &mut [SeqBatch<'_>]) -> std::result::Result<Vec<f32>, EngineError> {
         for s in batch.iter() {
             if s.state.linear.len() != self.info.linear_layers {
-                return Err(Error::InvalidRequest("sequence state was not made by this model's new_state()".into()));
+                return Err(EngineError::InvalidInput("sequence state was not made by this model's new_state()".into()));
             }
         }
         let layout = BatchLayout::prepare(batch, cache, self.info.kv_layers > 0, self.info.max_position)?;
@@ -383,5 +383,23 @@ impl CausalLm for KimiLinear {
         }
         layout.commit(batch);
         Ok(logits(&h, &layout, &self.norm, &self.lm_head))
+    }
+
+    fn as_moe(&self) -> Option<&dyn MoeModel> {
+        Some(self)
+    }
+}
+
+impl MoeModel for KimiLinear {
+    fn experts(&self) -> Vec<Vec<std::sync::Arc<dyn ExpertFfn>>> {
+        self.layers.iter().filter_map(|l| match &l.ffn { Ffn::Moe(m) => Some(m.experts.clone()), Ffn::Dense(_) => None }).collect()
+    }
+
+    fn set_expert_dispatch(&self, dispatch: std::sync::Arc<dyn ExpertDispatch>) {
+        for l in &self.layers {
+            if let Ffn::Moe(m) = &l.ffn {
+                *m.dispatch.write().expect("dispatch lock is never poisoned") = Some(dispatch.clone());
+            }
+        }
     }
 }

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::layers::gqa::GqaAttention;
 use super::layers::{add_inplace, embed, logits, BatchLayout, GluAct, Mlp, RmsNorm};
-use super::{CausalLm, ModelInfo, SeqBatch, SeqState};
+use super::{CausalLm, EngineError, ModelInfo, SeqBatch, SeqState};
 use crate::checkpoint::Checkpoint;
 use crate::config::{defaults, parse_config, rope_from_config};
 use crate::error::Result;
@@ -159,7 +159,7 @@ impl CausalLm for Llama {
         SeqState::default()
     }
 
-    fn forward(&self, cache: &mut KvPool, batch: &mut [SeqBatch<'_>]) -> Result<Vec<f32>> {
+    fn forward(&self, cache: &mut KvPool, batch: &mut [SeqBatch<'_>]) -> std::result::Result<Vec<f32>, EngineError> {
         let layout = BatchLayout::prepare(batch, cache, true, self.info.max_position)?;
         let mut h = embed(&self.embed_tokens, &layout.tokens)?;
         for layer in &self.layers {

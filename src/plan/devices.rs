@@ -100,13 +100,14 @@ impl DeviceSpec {
     pub fn parse(s: &str, memory_override: Option<u64>) -> Result<DeviceSpec> {
         let bad = |why: String| Error::Config(format!("--devices `{s}`: {why}"));
         let t = s.trim();
-        let (count, kind) = match t.find(['x', 'X', '×', '*']).filter(|&i| t[..i].chars().all(|c| c.is_ascii_digit()) && i > 0) {
-            Some(i) => {
-                let sep = t[i..].chars().next().expect("find returned a char boundary").len_utf8();
-                (t[..i].parse::<u64>().map_err(|e| bad(e.to_string()))?, &t[i + sep..])
-            }
-            None => (1, t),
-        };
+        let (count, kind) =
+            match t.find(['x', 'X', '×', '*']).filter(|&i| t[..i].chars().all(|c| c.is_ascii_digit()) && i > 0) {
+                Some(i) => {
+                    let sep = t[i..].chars().next().expect("find returned a char boundary").len_utf8();
+                    (t[..i].parse::<u64>().map_err(|e| bad(e.to_string()))?, &t[i + sep..])
+                }
+                None => (1, t),
+            };
         if count == 0 {
             return Err(bad("device count must be at least 1".into()));
         }

@@ -37,7 +37,7 @@ use serde::Serialize;
 pub use devices::{parse_bytes, DeviceKind, DeviceSpec};
 pub use model::{
     AttentionKind, Component, Family, GqaDims, KdaDims, MlaDims, MoeDims, PlanModel, ProjectorArch, PublishedFigure,
-    StoredWeights, TensorKind, TensorSpec, TextArch, VisionArch, PRESETS,
+    StoredDtype, StoredWeights, TensorKind, TensorSpec, TextArch, VisionArch, PRESETS,
 };
 pub use render::render_table;
 pub use weights::{format_for, tensor_bytes, use_more_bits, StorageFormat, WeightScheme};
@@ -64,6 +64,14 @@ pub enum CacheDtype {
 }
 
 impl CacheDtype {
+    /// `bf16` or `fp8`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheDtype::Bf16 => "bf16",
+            CacheDtype::Fp8 => "fp8",
+        }
+    }
+
     /// Bytes per cached value.
     pub fn bytes(self) -> u64 {
         match self {
@@ -308,11 +316,8 @@ fn scheme_total(specs: &[TensorSpec], scheme: WeightScheme, n_layers: usize) -> 
 /// Cache sizes of `model` for `opts`.
 fn cache_report(model: &PlanModel, opts: &PlanOptions) -> CacheReport {
     let t = &model.text;
-    let (mla_layers, gqa_layers, kda_layers) = (
-        t.count(AttentionKind::Mla) as u64,
-        t.count(AttentionKind::Gqa) as u64,
-        t.count(AttentionKind::Kda) as u64,
-    );
+    let (mla_layers, gqa_layers, kda_layers) =
+        (t.count(AttentionKind::Mla) as u64, t.count(AttentionKind::Gqa) as u64, t.count(AttentionKind::Kda) as u64);
     let mla_values = t.mla.as_ref().map_or(0, |m| m.kv_lora_rank + m.qk_rope);
     let gqa_values = t.gqa.as_ref().map_or(0, |g| 2 * g.kv_heads * g.head_dim);
     let (kda_state, kda_conv) = t.kda.as_ref().map_or((0, 0), |k| {
@@ -343,9 +348,9 @@ fn cache_report(model: &PlanModel, opts: &PlanOptions) -> CacheReport {
 
 /// `1M`, `128K` or the plain number.
 fn context_label(ctx: u64) -> String {
-    if ctx >= 1 << 20 && ctx % (1 << 20) == 0 {
+    if ctx >= 1 << 20 && ctx.is_multiple_of(1 << 20) {
         format!("{}M", ctx >> 20)
-    } else if ctx >= 1024 && ctx % 1024 == 0 {
+    } else if ctx >= 1024 && ctx.is_multiple_of(1024) {
         format!("{}K", ctx >> 10)
     } else {
         ctx.to_string()
@@ -483,7 +488,7 @@ pub fn plan(model: &PlanModel, opts: &PlanOptions) -> Result<PlanReport> {
         e.bytes += f.bytes;
     }
     let mut weights_by_format: Vec<FormatBytes> = by_format.into_values().collect();
-    weights_by_format.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    weights_by_format.sort_by_key(|f| std::cmp::Reverse(f.bytes));
     let total: u64 = components.iter().map(|r| r.params).sum();
     let (vision_tower, projector) = (sum(Component::VisionTower), sum(Component::Projector));
     let with_embedding: u64 = components.iter().map(|r| r.active_params).sum();
@@ -518,7 +523,7 @@ pub fn plan(model: &PlanModel, opts: &PlanOptions) -> Result<PlanReport> {
             }
         })
         .collect();
-    let packed = |s: &StoredWeights| s.by_dtype.iter().any(|(d, _)| d == "u8" || d == "i32");
+    let packed = |s: &StoredWeights| s.by_dtype.iter().any(|d| d.dtype == "u8" || d.dtype == "i32");
     let stored_matches_plan = model.stored.as_ref().filter(|s| !packed(s)).map(|s| s.elements == total);
     let cache = cache_report(model, opts);
     let weight_bytes = components.iter().map(|r| r.bytes).sum();
@@ -581,7 +586,9 @@ pub fn run_plan(args: &PlanArgs) -> Result<String> {
     let model = match (&args.model_dir, &args.preset) {
         (Some(dir), None) => PlanModel::from_dir(dir)?,
         (None, Some(p)) => PlanModel::preset(p)?,
-        _ => return Err(Error::Config(format!("give exactly one of --model DIR or --preset ({})", PRESETS.join(", ")))),
+        _ => {
+            return Err(Error::Config(format!("give exactly one of --model DIR or --preset ({})", PRESETS.join(", "))))
+        }
     };
     let memory = args.memory.as_deref().map(parse_bytes).transpose()?;
     let defaults = PlanOptions::default();
@@ -591,7 +598,12 @@ pub fn run_plan(args: &PlanArgs) -> Result<String> {
         weights: args.weights.as_deref().map(WeightScheme::from_str).transpose()?,
         kv_cache: args.kv_cache.as_deref().map(CacheDtype::from_str).transpose()?.unwrap_or(CacheDtype::Bf16),
         utilisation: args.utilisation.unwrap_or(DEFAULT_UTILISATION),
-        reserve_per_device: args.reserve.as_deref().map(parse_bytes).transpose()?.unwrap_or(defaults.reserve_per_device),
+        reserve_per_device: args
+            .reserve
+            .as_deref()
+            .map(parse_bytes)
+            .transpose()?
+            .unwrap_or(defaults.reserve_per_device),
         mla_cache_replicas: args.mla_cache_replicas.unwrap_or(1).max(1),
     };
     let report = plan(&model, &opts)?;
@@ -729,7 +741,11 @@ mod tests {
         let budget = (8.0 * 141e9 * 0.9) as u64 - 8 * DEFAULT_RESERVE_PER_DEVICE;
         assert_eq!(r.devices.budget_bytes, budget);
         assert!(!r.devices.fits);
-        assert!(r.devices.verdict.starts_with("does not fit: weights need 1560.8 GB, devices offer 983.2 GB"), "{}", r.devices.verdict);
+        assert!(
+            r.devices.verdict.starts_with("does not fit: weights need 1560.8 GB, devices offer 983.2 GB"),
+            "{}",
+            r.devices.verdict
+        );
         let r = k3(WeightScheme::Mxfp4, "8xB300", None);
         let free = (8.0 * 288e9 * 0.9) as u64 - 8 * DEFAULT_RESERVE_PER_DEVICE - r.devices.weight_bytes;
         assert_eq!(r.devices.sessions, free / r.cache.session_bytes);
@@ -789,7 +805,8 @@ mod tests {
     }
 
     fn checkpoint_elements(dir: &str) -> u64 {
-        let ckpt = Checkpoint::open(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(dir)).unwrap();
+        let ckpt = Checkpoint::open(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(dir))
+            .unwrap();
         ckpt.names().iter().map(|n| ckpt.entry(n).unwrap().shape.iter().product::<usize>() as u64).sum()
     }
 
@@ -824,13 +841,24 @@ mod tests {
         let r = fixture_report("tiny-llama");
         assert_eq!(r.params.total, checkpoint_elements("tiny-llama"));
         assert_eq!(r.cache.gqa_bytes_per_token_bf16, 2 * 2 * 16 * 2 * 2, "2·kv_heads·head_dim·layers·2 B");
-        assert_eq!(r.params.active.without_embedding, r.params.active.with_embedding, "tied: the matrix is the lm_head");
+        assert_eq!(
+            r.params.active.without_embedding, r.params.active.with_embedding,
+            "tied: the matrix is the lm_head"
+        );
     }
 
     #[test]
     fn table_has_units_components_and_the_verdict_last() {
         let table = render_table(&k3(WeightScheme::Mxfp4, "8xH200", None));
-        for needle in ["params (B)", "weights GB", "weights GiB", "attention (KDA)", "routed experts", "vision tower", "428.6 MiB"] {
+        for needle in [
+            "params (B)",
+            "weights GB",
+            "weights GiB",
+            "attention (KDA)",
+            "routed experts",
+            "vision tower",
+            "428.6 MiB",
+        ] {
             assert!(table.contains(needle), "missing {needle}:\n{table}");
         }
         assert!(table.trim_end().lines().last().unwrap().starts_with("verdict: does not fit"));

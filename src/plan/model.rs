@@ -334,7 +334,16 @@ pub struct StoredWeights {
     /// Tensor bytes.
     pub bytes: u64,
     /// Bytes by stored dtype, largest first.
-    pub by_dtype: Vec<(String, u64)>,
+    pub by_dtype: Vec<StoredDtype>,
+}
+
+/// Bytes of one stored dtype.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoredDtype {
+    /// The safetensors dtype (`bf16`, `f32`, `u8`, …).
+    pub dtype: String,
+    /// Tensor bytes in it.
+    pub bytes: u64,
 }
 
 impl StoredWeights {
@@ -349,8 +358,9 @@ impl StoredWeights {
             bytes += e.len as u64;
             *by.entry(e.dtype.name().to_string()).or_default() += e.len as u64;
         }
-        let mut by_dtype: Vec<(String, u64)> = by.into_iter().collect();
-        by_dtype.sort_by(|a, b| b.1.cmp(&a.1));
+        let mut by_dtype: Vec<StoredDtype> =
+            by.into_iter().map(|(dtype, bytes)| StoredDtype { dtype, bytes }).collect();
+        by_dtype.sort_by_key(|d| std::cmp::Reverse(d.bytes));
         Ok(StoredWeights { tensors: names.len(), elements, bytes, by_dtype })
     }
 }
@@ -398,7 +408,8 @@ impl PlanModel {
     /// Reads `dir/config.json` and, when the folder has safetensors, their headers.
     pub fn from_dir(dir: &Path) -> Result<PlanModel> {
         let config = read_json(&dir.join("config.json"), "config.json")?;
-        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
+        let name =
+            dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
         let mut model = PlanModel::from_config(&config, &name, &dir.display().to_string())?;
         let has_weights = std::fs::read_dir(dir)
             .map_err(|e| Error::io(dir, e))?
@@ -421,7 +432,11 @@ impl PlanModel {
         let mut model = PlanModel::from_config(&config, display, &format!("preset {name}"))?;
         if display == "Kimi K3" {
             model.published = vec![
-                PublishedFigure { label: "article: Q4_K_M ≈ 1612.4 GB".into(), scheme: WeightScheme::Q4KM, bytes: 1612.4e9 },
+                PublishedFigure {
+                    label: "article: Q4_K_M ≈ 1612.4 GB".into(),
+                    scheme: WeightScheme::Q4KM,
+                    bytes: 1612.4e9,
+                },
                 PublishedFigure { label: "article: FP16 ~5.5 TB".into(), scheme: WeightScheme::Bf16, bytes: 5.5e12 },
                 PublishedFigure {
                     label: "InstantTensor: checkpoint 1.42 TiB".into(),
@@ -439,7 +454,11 @@ impl PlanModel {
         let wrapped = config.get("text_config").filter(|v| v.is_object());
         let text_value = wrapped.unwrap_or(config);
         let text_type = match wrapped {
-            Some(t) => t.get("model_type").and_then(|v| v.as_str()).unwrap_or(if model_type == "kimi_k3" { "kimi_linear" } else { "" }),
+            Some(t) => t.get("model_type").and_then(|v| v.as_str()).unwrap_or(if model_type == "kimi_k3" {
+                "kimi_linear"
+            } else {
+                ""
+            }),
             None => model_type.as_str(),
         };
         let prefix = if wrapped.is_some() { "language_model." } else { "" };
@@ -452,7 +471,10 @@ impl PlanModel {
         if text.mtp_layers > 0 {
             notes.push(format!("{} MTP layer(s) in the checkpoint are not counted (dropped on load)", text.mtp_layers));
         }
-        let quant = config.get("quantization_config").or_else(|| text_value.get("quantization_config")).filter(|v| !v.is_null());
+        let quant = config
+            .get("quantization_config")
+            .or_else(|| text_value.get("quantization_config"))
+            .filter(|v| !v.is_null());
         let native_weights = match quant {
             None => WeightScheme::Bf16,
             Some(q) if q.to_string().to_ascii_lowercase().contains("mxfp4") => WeightScheme::Mxfp4,
@@ -524,7 +546,15 @@ impl PlanModel {
 struct Specs(Vec<TensorSpec>);
 
 impl Specs {
-    fn add(&mut self, component: Component, kind: TensorKind, name: String, rows: u64, cols: u64, layer: Option<usize>) {
+    fn add(
+        &mut self,
+        component: Component,
+        kind: TensorKind,
+        name: String,
+        rows: u64,
+        cols: u64,
+        layer: Option<usize>,
+    ) {
         let active = if matches!(component, Component::VisionTower | Component::Projector) { 0 } else { 1 };
         self.0.push(TensorSpec { name, component, kind, rows, cols, count: 1, active_count: active, layer });
     }
@@ -607,9 +637,14 @@ impl Specs {
         self.add(Component::Router, TensorKind::Router, format!("{b}gate.weight"), m.experts, d, layer);
         self.add(Component::Router, TensorKind::Small, format!("{b}gate.e_score_correction_bias"), 1, m.experts, layer);
         let inner = m.latent.unwrap_or(d);
-        let names = if family == Family::KimiLinear { ["w1", "w3", "w2"] } else { ["gate_proj", "up_proj", "down_proj"] };
+        let names =
+            if family == Family::KimiLinear { ["w1", "w3", "w2"] } else { ["gate_proj", "up_proj", "down_proj"] };
         for (j, n) in names.iter().enumerate() {
-            let (rows, cols, kind) = if j < 2 { (m.intermediate, inner, TensorKind::Linear) } else { (inner, m.intermediate, TensorKind::FfnDown) };
+            let (rows, cols, kind) = if j < 2 {
+                (m.intermediate, inner, TensorKind::Linear)
+            } else {
+                (inner, m.intermediate, TensorKind::FfnDown)
+            };
             self.0.push(TensorSpec {
                 name: format!("{b}experts.{{e}}.{n}.weight"),
                 component: Component::RoutedExperts,
@@ -630,7 +665,14 @@ impl Specs {
             }
         }
         if m.shared > 0 {
-            self.mlp(Component::SharedExperts, &format!("{b}shared_experts."), d, m.intermediate * m.shared, false, layer);
+            self.mlp(
+                Component::SharedExperts,
+                &format!("{b}shared_experts."),
+                d,
+                m.intermediate * m.shared,
+                false,
+                layer,
+            );
         }
     }
 

@@ -91,7 +91,9 @@ pub(super) fn parse_text(v: &Value, model_type: &str, prefix: &str) -> Result<Te
         let kda_layers: Vec<u64> = match (lk.list("kda_layers"), lk.list("full_attn_layers")) {
             (Some(kda), _) => kda,
             (None, Some(full)) => (1..=layers as u64).filter(|l| !full.contains(l)).collect(),
-            (None, None) => return Err(Error::Config("linear_attn_config needs `kda_layers` or `full_attn_layers`".into())),
+            (None, None) => {
+                return Err(Error::Config("linear_attn_config needs `kda_layers` or `full_attn_layers`".into()))
+            }
         };
         // Layer lists are 1-based.
         for l in kda_layers {

@@ -1,6 +1,7 @@
 //! The fixed-width text rendering of a [`PlanReport`]: parameters in B
-//! (1e9), bytes in GB (1e9) and GiB (2^30), per-token and per-session cache
-//! sizes, and the verdict line last.
+//! (1e9), bytes in GB (1e9) and GiB (2^30) (M, MB, MiB for models under a
+//! billion parameters), per-token and per-session cache sizes, and the
+//! verdict line last.
 
 use std::fmt::Write;
 
@@ -10,9 +11,42 @@ const GB: f64 = 1e9;
 const GIB: f64 = (1u64 << 30) as f64;
 const TIB: f64 = (1u64 << 40) as f64;
 
-/// Billions of parameters with 3 decimals.
-fn b(params: u64) -> String {
-    format!("{:.3}", params as f64 / 1e9)
+/// Display units: B/GB/GiB for models of a billion parameters or more, else M/MB/MiB.
+struct Units {
+    /// Parameters per displayed unit.
+    params: f64,
+    /// `B` or `M`.
+    params_label: &'static str,
+    /// Bytes per decimal unit.
+    dec: f64,
+    /// `GB` or `MB`.
+    dec_label: &'static str,
+    /// Bytes per binary unit.
+    bin: f64,
+    /// `GiB` or `MiB`.
+    bin_label: &'static str,
+}
+
+impl Units {
+    fn for_params(total: u64) -> Units {
+        if total as f64 >= 1e9 {
+            Units { params: 1e9, params_label: "B", dec: GB, dec_label: "GB", bin: GIB, bin_label: "GiB" }
+        } else {
+            Units {
+                params: 1e6,
+                params_label: "M",
+                dec: 1e6,
+                dec_label: "MB",
+                bin: (1u64 << 20) as f64,
+                bin_label: "MiB",
+            }
+        }
+    }
+
+    /// Parameters with 3 decimals.
+    fn p(&self, params: u64) -> String {
+        format!("{:.3}", params as f64 / self.params)
+    }
 }
 
 /// `1,234,567`.
@@ -20,7 +54,7 @@ fn grouped(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -33,80 +67,82 @@ fn gb_gib(bytes: u64) -> String {
     format!("{:.2} GB ({:.2} GiB)", bytes as f64 / GB, bytes as f64 / GIB)
 }
 
-/// Renders the report as a fixed-width table with units.
+/// Renders the report as a fixed-width table with units: parameters in B
+/// (M below a billion), weights in GB and GiB (MB and MiB below a billion
+/// parameters), caches in GB and GiB.
 pub fn render_table(r: &PlanReport) -> String {
     let mut o = String::new();
     let w = &mut o;
-    // Writing into a String cannot fail.
+    let p = &r.params;
+    let u = Units::for_params(p.total);
+    let (pl, dl, bl) = (u.params_label, u.dec_label, u.bin_label);
+    // Writing into a String cannot fail, so the fmt::Results are ignored.
     let _ = writeln!(w, "{} ({})", r.model, r.source);
     let _ = writeln!(w, "{}", r.architecture);
     let _ = writeln!(w, "weights: {} = {}", r.scheme.name(), r.scheme_description);
     let _ = writeln!(w);
     let _ = writeln!(
         w,
-        "{:<22} {:>12} {:>12} {:>12} {:>12}  {}",
-        "component", "params (B)", "active (B)", "weights GB", "weights GiB", "formats"
+        "{:<22} {:>12} {:>12} {:>12} {:>12}  formats",
+        "component",
+        format!("params ({pl})"),
+        format!("active ({pl})"),
+        format!("weights {dl}"),
+        format!("weights {bl}")
     );
     let rule = "-".repeat(96);
     let _ = writeln!(w, "{rule}");
+    let row = |w: &mut String, label: &str, params: u64, active: u64, bytes: u64, formats: &str| {
+        let line = format!(
+            "{:<22} {:>12} {:>12} {:>12.3} {:>12.3}  {formats}",
+            label,
+            u.p(params),
+            u.p(active),
+            bytes as f64 / u.dec,
+            bytes as f64 / u.bin
+        );
+        let _ = writeln!(w, "{}", line.trim_end());
+    };
     for c in &r.components {
         let formats: Vec<&str> = c.formats.iter().map(|f| f.format.name()).collect();
-        let _ = writeln!(
-            w,
-            "{:<22} {:>12} {:>12} {:>12.3} {:>12.3}  {}",
-            c.label,
-            b(c.params),
-            b(c.active_params),
-            c.bytes as f64 / GB,
-            c.bytes as f64 / GIB,
-            formats.join("+")
-        );
+        row(w, &c.label, c.params, c.active_params, c.bytes, &formats.join("+"));
     }
     let _ = writeln!(w, "{rule}");
-    let p = &r.params;
-    let _ = writeln!(
-        w,
-        "{:<22} {:>12} {:>12} {:>12.3} {:>12.3}",
-        "total",
-        b(p.total),
-        b(p.active.with_embedding),
-        r.devices.weight_bytes as f64 / GB,
-        r.devices.weight_bytes as f64 / GIB
-    );
+    row(w, "total", p.total, p.active.with_embedding, r.devices.weight_bytes, "");
     let _ = writeln!(w);
     let _ = writeln!(
         w,
-        "params: {} B total = text {} B + vision tower {} B + projector {} B; routed experts {} B ({:.1}% of text)",
-        b(p.total),
-        b(p.text),
-        b(p.vision_tower),
-        b(p.projector),
-        b(p.routed_experts),
+        "params: {} {pl} total = text {} {pl} + vision tower {} {pl} + projector {} {pl}; routed experts {} {pl} ({:.1}% of text)",
+        u.p(p.total),
+        u.p(p.text),
+        u.p(p.vision_tower),
+        u.p(p.projector),
+        u.p(p.routed_experts),
         100.0 * p.routed_experts as f64 / p.text.max(1) as f64
     );
     let _ = writeln!(
         w,
-        "active: {} B excl. input embedding (incl. lm_head; headline) | {} B incl. embedding | {} B excl. embedding and lm_head",
-        b(p.active.without_embedding),
-        b(p.active.with_embedding),
-        b(p.active.without_embedding_and_lm_head)
+        "active: {} {pl} excl. input embedding (incl. lm_head; headline) | {} {pl} incl. embedding | {} {pl} excl. embedding and lm_head",
+        u.p(p.active.without_embedding),
+        u.p(p.active.with_embedding),
+        u.p(p.active.without_embedding_and_lm_head)
     );
     let _ = writeln!(w, "        (text decoder only: the vision tower and projector run on media, not per token)");
     let formats: Vec<String> = r
         .weights_by_format
         .iter()
-        .map(|f| format!("{} {:.2} GB for {} B params", f.format.name(), f.bytes as f64 / GB, b(f.params)))
+        .map(|f| format!("{} {:.2} {dl} for {} {pl} params", f.format.name(), f.bytes as f64 / u.dec, u.p(f.params)))
         .collect();
     let _ = writeln!(w, "by format: {}", formats.join(", "));
     let _ = writeln!(w);
-    let _ = writeln!(w, "{:<8} {:>12} {:>12} {:>9} {:>8}", "scheme", "GB", "GiB", "TiB", "b/w");
+    let _ = writeln!(w, "{:<8} {:>12} {:>12} {:>9} {:>8}", "scheme", dl, bl, "TiB", "b/w");
     for s in &r.schemes {
         let _ = writeln!(
             w,
             "{:<8} {:>12.2} {:>12.2} {:>9.3} {:>8.3}{}",
             s.scheme.name(),
-            s.bytes as f64 / GB,
-            s.bytes as f64 / GIB,
+            s.bytes as f64 / u.dec,
+            s.bytes as f64 / u.bin,
             s.bytes as f64 / TIB,
             s.bits_per_weight,
             if s.scheme == r.scheme { "  <- chosen" } else { "" }
@@ -134,7 +170,8 @@ pub fn render_table(r: &PlanReport) -> String {
         );
     }
     if let Some(s) = &r.stored {
-        let by: Vec<String> = s.by_dtype.iter().map(|(d, n)| format!("{d} {:.3} GB", *n as f64 / GB)).collect();
+        let by: Vec<String> =
+            s.by_dtype.iter().map(|d| format!("{} {:.3} {dl}", d.dtype, d.bytes as f64 / u.dec)).collect();
         let check = match r.stored_matches_plan {
             Some(true) => "= planned parameter count".to_string(),
             Some(false) => format!("!= planned {} (config and checkpoint disagree)", grouped(p.total)),
@@ -142,16 +179,16 @@ pub fn render_table(r: &PlanReport) -> String {
         };
         let _ = writeln!(
             w,
-            "checkpoint headers: {} tensors, {} elements {check}; {} ({})",
+            "checkpoint headers: {} tensors, {} elements {check}; {:.3} {dl} ({})",
             grouped(s.tensors as u64),
             grouped(s.elements),
-            gb_gib(s.bytes),
+            s.bytes as f64 / u.dec,
             by.join(", ")
         );
     }
     let c = &r.cache;
     let _ = writeln!(w);
-    let _ = writeln!(w, "cache per session of {} tokens (KV {:?}):", grouped(c.context), c.kv_dtype);
+    let _ = writeln!(w, "cache per session of {} tokens (KV cache {}):", grouped(c.context), c.kv_dtype.name());
     if c.mla_layers > 0 {
         let _ = writeln!(
             w,

@@ -149,9 +149,9 @@ pub fn use_more_bits(layer: usize, n_layers: usize) -> bool {
 /// llama.cpp's fallback when a row is not a whole number of 256-element
 /// super-blocks: Q4_K → Q5_0, Q6_K → Q8_0, and F16 if not even 32 divides it.
 fn k_quant(format: StorageFormat, cols: u64) -> StorageFormat {
-    if cols % 256 == 0 {
+    if cols.is_multiple_of(256) {
         format
-    } else if cols % 32 == 0 {
+    } else if cols.is_multiple_of(32) {
         if format == StorageFormat::Q6K {
             StorageFormat::Q8_0
         } else {
@@ -176,7 +176,7 @@ pub fn format_for(scheme: WeightScheme, spec: &TensorSpec, n_layers: usize) -> S
     match scheme {
         WeightScheme::Bf16 => StorageFormat::Bf16,
         WeightScheme::Mxfp4 => {
-            if spec.component == Component::RoutedExperts && spec.cols % 32 == 0 {
+            if spec.component == Component::RoutedExperts && spec.cols.is_multiple_of(32) {
                 StorageFormat::Mxfp4
             } else {
                 StorageFormat::Bf16
@@ -199,7 +199,9 @@ pub fn format_for(scheme: WeightScheme, spec: &TensorSpec, n_layers: usize) -> S
                 TensorKind::FfnDown if spec.layer.is_some_and(|l| use_more_bits(l, n_layers)) => {
                     k_quant(StorageFormat::Q6K, spec.cols)
                 }
-                TensorKind::Embedding | TensorKind::Linear | TensorKind::FfnDown => k_quant(StorageFormat::Q4K, spec.cols),
+                TensorKind::Embedding | TensorKind::Linear | TensorKind::FfnDown => {
+                    k_quant(StorageFormat::Q4K, spec.cols)
+                }
             }
         }
     }
@@ -250,7 +252,8 @@ mod tests {
         // n/8 = 11, 7n/8 = 81: layers 0..=10, 81..=92, and 13, 16, …, 79 (23 of them).
         let picked: Vec<usize> = (0..93).filter(|&l| use_more_bits(l, 93)).collect();
         assert_eq!(picked.len(), 11 + 12 + 23);
-        assert!(picked.contains(&13) && !picked.contains(&12) && !picked.contains(&14) && picked.contains(&80));
+        assert!(picked.contains(&13) && !picked.contains(&12) && !picked.contains(&14) && picked.contains(&79));
+        assert!(!picked.contains(&80) && picked.contains(&81) && picked.contains(&10) && !picked.contains(&11));
     }
 
     #[test]

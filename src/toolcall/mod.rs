@@ -5,7 +5,7 @@
 //! - [`kimi_k2`] (K2, K2.5, Kimi-Linear): `<|im_user|>` / `<|im_assistant|>` /
 //!   `<|im_system|>` turns, tool calls in a `<|tool_calls_section_begin|>`
 //!   block with JSON arguments, reasoning in `<think>…</think>`.
-//! - [`kimi_k3`] (K3): "XTML" elements `<|open|>name attrs<|sep|>…<|close|>name<|sep|>`
+//! - [`kimi_k3`] / [`kimi_k3_parser`] (K3): "XTML" elements `<|open|>name attrs<|sep|>…<|close|>name<|sep|>`
 //!   with `think` / `response` / `tools` channels, one `argument` element
 //!   per tool argument, messages ended by `<|end_of_msg|>`.
 //!
@@ -18,9 +18,11 @@
 
 pub mod kimi_k2;
 pub mod kimi_k3;
+pub mod kimi_k3_parser;
 
 pub use kimi_k2::{render_k2, K2StreamParser, K2_DEFAULT_SYSTEM_PROMPT};
-pub use kimi_k3::{render_k3, K3Options, K3StreamParser, ThinkingEffort, ToolChoice};
+pub use kimi_k3::{render_k3, K3Options, ThinkingEffort, ToolChoice};
+pub use kimi_k3_parser::K3StreamParser;
 
 use serde::{Deserialize, Serialize};
 

@@ -2,11 +2,25 @@
 //! selection (optionally grouped, with a selection-only bias), routed SwiGLU
 //! experts weighted by their renormalised scores, plus shared experts that
 //! see every token.
+//!
+//! Routed experts run locally by default; once an [`ExpertDispatch`] is set
+//! (expert shards, `--ep N`), the block sends its routed rows there. Both
+//! paths sum expert outputs in the router's order, so results do not depend
+//! on where experts run.
 
+use std::sync::{Arc, RwLock};
+
+use caracal_actors::engine::{run_experts_local, ExpertDispatch, ExpertFfn};
 use caracal_kernels::moe::{route, RouterConfig};
 use caracal_kernels::Matrix;
 
 use super::{add_inplace, Mlp};
+
+impl ExpertFfn for Mlp {
+    fn forward(&self, x: &[f32]) -> Vec<f32> {
+        Mlp::forward(self, x)
+    }
+}
 
 /// One MoE block.
 pub struct MoeBlock {
@@ -15,14 +29,38 @@ pub struct MoeBlock {
     /// `e_score_correction_bias` `[E]` (selection only).
     pub bias: Option<Vec<f32>>,
     /// Routed experts.
-    pub experts: Vec<Mlp>,
+    pub experts: Vec<Arc<dyn ExpertFfn>>,
     /// Shared experts fused into one MLP (intermediate = n_shared · moe_intermediate).
     pub shared: Option<Mlp>,
     /// Scoring, top-k and grouping.
     pub router: RouterConfig,
+    /// Index of this block among the model's MoE layers.
+    pub moe_layer: usize,
+    /// Where routed experts run when not locally (set once by the runtime).
+    pub dispatch: RwLock<Option<Arc<dyn ExpertDispatch>>>,
 }
 
 impl MoeBlock {
+    /// A block whose experts run locally until a dispatcher is set.
+    pub fn new(
+        gate: Matrix,
+        bias: Option<Vec<f32>>,
+        experts: Vec<Mlp>,
+        shared: Option<Mlp>,
+        router: RouterConfig,
+        moe_layer: usize,
+    ) -> MoeBlock {
+        MoeBlock {
+            gate,
+            bias,
+            experts: experts.into_iter().map(|m| Arc::new(m) as Arc<dyn ExpertFfn>).collect(),
+            shared,
+            router,
+            moe_layer,
+            dispatch: RwLock::new(None),
+        }
+    }
+
     /// Per-token `(expert, weight)` choices for `x` `[n, hidden]`.
     pub fn route(&self, x: &[f32]) -> Vec<Vec<(usize, f32)>> {
         let e = self.gate.rows;
@@ -33,31 +71,12 @@ impl MoeBlock {
     /// `Σ_k w_k · E_k(x) + shared(x)` for every row of `x`.
     pub fn forward(&self, x: &[f32]) -> Vec<f32> {
         let d = self.gate.cols;
-        let n = x.len() / d;
         let choices = self.route(x);
-        let mut out = vec![0.0; n * d];
-        // Group rows by expert so each expert runs once on all its rows.
-        let mut rows_of: Vec<Vec<(usize, f32)>> = vec![Vec::new(); self.experts.len()];
-        for (row, c) in choices.iter().enumerate() {
-            for &(expert, w) in c {
-                rows_of[expert].push((row, w));
-            }
-        }
-        for (expert, rows) in rows_of.iter().enumerate() {
-            if rows.is_empty() {
-                continue;
-            }
-            let mut xs = Vec::with_capacity(rows.len() * d);
-            for &(r, _) in rows {
-                xs.extend_from_slice(&x[r * d..(r + 1) * d]);
-            }
-            let y = self.experts[expert].forward(&xs);
-            for (i, &(r, w)) in rows.iter().enumerate() {
-                for (o, v) in out[r * d..(r + 1) * d].iter_mut().zip(&y[i * d..(i + 1) * d]) {
-                    *o += w * v;
-                }
-            }
-        }
+        let dispatch = self.dispatch.read().expect("dispatch lock is never poisoned: writers do not panic").clone();
+        let mut out = match dispatch {
+            Some(d_) => d_.run(self.moe_layer, x, d, &choices),
+            None => run_experts_local(&self.experts, x, d, &choices),
+        };
         if let Some(shared) = &self.shared {
             add_inplace(&mut out, &shared.forward(x));
         }

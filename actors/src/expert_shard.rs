@@ -1,0 +1,217 @@
+//! Expert shards: `--ep N` actors, each on its own thread, each owning a
+//! disjoint set of routed experts (a placement map).
+//!
+//! Per MoE layer, [`ShardedExperts`] (the model's [`ExpertDispatch`]) splits
+//! the routed `(row, expert)` pairs by owner, sends each shard a
+//! [`RunExperts`] with just the rows it needs, waits for all replies, and
+//! combines the outputs in the router's order, so the result is bit-for-bit
+//! the same for any N. Shards count how often each expert is chosen;
+//! [`ShardedExperts::rebalance`] recomputes the placement from those counts.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use actix::{Actor, Addr, Handler, MessageResult, SyncArbiter, SyncContext};
+
+use crate::engine::{combine, ExpertDispatch, ExpertFfn};
+use crate::messages::{GetExpertCounts, RunExperts};
+
+/// One shard: the experts it may run, and selection counts.
+pub struct ExpertShard {
+    /// Every routed expert of the model, by `[layer][expert]` (shared, read-only).
+    experts: Arc<Vec<Vec<Arc<dyn ExpertFfn>>>>,
+    /// Times each `(layer, expert)` ran here.
+    counts: HashMap<(usize, usize), u64>,
+}
+
+impl ExpertShard {
+    /// Runs the requested `(row, expert)` pairs, grouping rows by expert.
+    pub fn run(&mut self, m: &RunExperts) -> Vec<Vec<f32>> {
+        let h = m.hidden;
+        let mut by_expert: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+        for (i, &(_, e)) in m.items.iter().enumerate() {
+            by_expert.entry(e).or_default().push(i);
+        }
+        let mut out = vec![Vec::new(); m.items.len()];
+        for (e, idx) in by_expert {
+            *self.counts.entry((m.layer, e)).or_default() += idx.len() as u64;
+            let mut xs = Vec::with_capacity(idx.len() * h);
+            for &i in &idx {
+                let r = m.items[i].0;
+                xs.extend_from_slice(&m.rows[r * h..(r + 1) * h]);
+            }
+            let y = self.experts[m.layer][e].forward(&xs);
+            for (j, &i) in idx.iter().enumerate() {
+                out[i] = y[j * h..(j + 1) * h].to_vec();
+            }
+        }
+        out
+    }
+}
+
+impl Actor for ExpertShard {
+    type Context = SyncContext<Self>;
+}
+
+impl Handler<RunExperts> for ExpertShard {
+    type Result = MessageResult<RunExperts>;
+    fn handle(&mut self, m: RunExperts, _: &mut SyncContext<Self>) -> Self::Result {
+        MessageResult(self.run(&m))
+    }
+}
+
+impl Handler<GetExpertCounts> for ExpertShard {
+    type Result = MessageResult<GetExpertCounts>;
+    fn handle(&mut self, _: GetExpertCounts, _: &mut SyncContext<Self>) -> Self::Result {
+        MessageResult(self.counts.iter().map(|(&(l, e), &c)| (l, e, c)).collect())
+    }
+}
+
+/// The dispatcher the model calls: owns the placement and the shard addresses.
+pub struct ShardedExperts {
+    /// Shard actors.
+    shards: Vec<Addr<ExpertShard>>,
+    /// `placement[layer][expert]` = shard index.
+    placement: RwLock<Vec<Vec<usize>>>,
+}
+
+/// Round-robin placement: expert `e` of every layer goes to shard `e % n`.
+pub fn round_robin(experts_per_layer: &[usize], n: usize) -> Vec<Vec<usize>> {
+    experts_per_layer.iter().map(|&e| (0..e).map(|i| i % n).collect()).collect()
+}
+
+/// Greedy balanced placement: per layer, experts sorted by load (descending)
+/// each go to the currently least-loaded shard.
+pub fn balanced(loads: &[Vec<u64>], n: usize) -> Vec<Vec<usize>> {
+    loads
+        .iter()
+        .map(|layer| {
+            let mut order: Vec<usize> = (0..layer.len()).collect();
+            order.sort_by_key(|&e| (std::cmp::Reverse(layer[e]), e));
+            let mut shard_load = vec![0u64; n];
+            let mut shard_count = vec![0usize; n];
+            let mut place = vec![0; layer.len()];
+            for e in order {
+                let s = (0..n).min_by_key(|&s| (shard_load[s], shard_count[s], s)).expect("n >= 1");
+                place[e] = s;
+                shard_load[s] += layer[e];
+                shard_count[s] += 1;
+            }
+            place
+        })
+        .collect()
+}
+
+impl ShardedExperts {
+    /// Starts `n` shard threads over `experts` (`[layer][expert]`), placed round-robin.
+    /// Must be called inside a running actix `System`.
+    pub fn start(experts: Vec<Vec<Arc<dyn ExpertFfn>>>, n: usize) -> ShardedExperts {
+        let n = n.max(1);
+        let per_layer: Vec<usize> = experts.iter().map(|l| l.len()).collect();
+        let experts = Arc::new(experts);
+        let shards = (0..n)
+            .map(|_| {
+                let experts = experts.clone();
+                SyncArbiter::start(1, move || ExpertShard { experts: experts.clone(), counts: HashMap::new() })
+            })
+            .collect();
+        ShardedExperts { shards, placement: RwLock::new(round_robin(&per_layer, n)) }
+    }
+
+    /// Number of shards.
+    pub fn num_shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The current placement map.
+    pub fn placement(&self) -> Vec<Vec<usize>> {
+        self.placement.read().expect("placement lock is never poisoned").clone()
+    }
+
+    /// Selection counts `[layer][expert]`, summed over shards.
+    pub async fn counts(&self) -> Vec<Vec<u64>> {
+        let mut out: Vec<Vec<u64>> = self.placement().iter().map(|l| vec![0; l.len()]).collect();
+        for s in &self.shards {
+            if let Ok(c) = s.send(GetExpertCounts).await {
+                for (l, e, n) in c {
+                    out[l][e] += n;
+                }
+            }
+        }
+        out
+    }
+
+    /// Recomputes the placement from selection counts so shards get equal load.
+    pub async fn rebalance(&self) -> Vec<Vec<usize>> {
+        let loads = self.counts().await;
+        let place = balanced(&loads, self.shards.len());
+        *self.placement.write().expect("placement lock is never poisoned") = place.clone();
+        place
+    }
+}
+
+impl ExpertDispatch for ShardedExperts {
+    fn run(&self, moe_layer: usize, x: &[f32], hidden: usize, choices: &[Vec<(usize, f32)>]) -> Vec<f32> {
+        let placement = self.placement.read().expect("placement lock is never poisoned");
+        let owner = &placement[moe_layer];
+        let n = self.shards.len();
+        // Per shard: the rows it needs (compacted) and the (row, k) each item answers.
+        let mut rows_of: Vec<Vec<usize>> = vec![Vec::new(); n];
+        let mut local_row: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
+        let mut items: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n];
+        let mut back: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n];
+        for (r, c) in choices.iter().enumerate() {
+            for (k, &(e, _)) in c.iter().enumerate() {
+                let s = owner[e];
+                let lr = *local_row[s].entry(r).or_insert_with(|| {
+                    rows_of[s].push(r);
+                    rows_of[s].len() - 1
+                });
+                items[s].push((lr, e));
+                back[s].push((r, k));
+            }
+        }
+        drop(placement);
+        let busy: Vec<usize> = (0..n).filter(|&s| !items[s].is_empty()).collect();
+        let requests: Vec<_> = busy
+            .into_iter()
+            .map(|s| {
+                let mut rows = Vec::with_capacity(rows_of[s].len() * hidden);
+                for &r in &rows_of[s] {
+                    rows.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+                }
+                let fut = self.shards[s].send(RunExperts { layer: moe_layer, hidden, rows, items: std::mem::take(&mut items[s]) });
+                (s, fut)
+            })
+            .collect();
+        let mut outputs: Vec<Vec<Option<Vec<f32>>>> = choices.iter().map(|c| vec![None; c.len()]).collect();
+        let (ids, futs): (Vec<usize>, Vec<_>) = requests.into_iter().unzip();
+        let replies = futures::executor::block_on(futures::future::join_all(futs));
+        for (s, reply) in ids.into_iter().zip(replies) {
+            let ys = reply.expect("expert shard threads live as long as the engine");
+            for (&(r, k), y) in back[s].iter().zip(ys) {
+                outputs[r][k] = Some(y);
+            }
+        }
+        combine(&outputs, hidden, choices)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn balanced_placement_evens_out_load() {
+        let loads = vec![vec![100, 1, 1, 1, 50, 50]];
+        let p = balanced(&loads, 2);
+        let load = |s| p[0].iter().zip(&loads[0]).filter(|(&o, _)| o == s).map(|(_, &l)| l).sum::<u64>();
+        assert_eq!(load(0), 103);
+        assert_eq!(load(1), 100);
+    }
+
+    #[test]
+    fn round_robin_covers_every_shard() {
+        assert_eq!(round_robin(&[5], 2), vec![vec![0, 1, 0, 1, 0]]);
+    }
+}

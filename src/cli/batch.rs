@@ -1,0 +1,129 @@
+//! `caracal batch`: offline inference through the runtime (vLLM's offline
+//! mode). Every request is submitted at once; continuous batching runs them.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use caracal::generate::LoadedModel;
+use caracal::models::CausalLm;
+use caracal::request::RequestSpec;
+use caracal_actors::messages::TokenEvent;
+use caracal_actors::runtime::Engine;
+use clap::Args;
+use serde_json::{json, Value};
+
+use super::engine_args::EngineArgs;
+
+/// Arguments of `caracal batch`.
+#[derive(Args)]
+pub struct BatchArgs {
+    /// Checkpoint folder.
+    #[arg(long)]
+    model: PathBuf,
+    /// JSONL file, one request per line (`prompt` or `prompt_ids`, `max_tokens`, sampling fields).
+    #[arg(long)]
+    input: PathBuf,
+    /// Where to write one JSON line per request, in input order (default: stdout).
+    #[arg(long)]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// Runs `caracal batch`.
+pub fn run(a: BatchArgs) -> Result<()> {
+    let loaded = LoadedModel::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
+    let file = std::fs::File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
+    let lines: Vec<String> = std::io::BufReader::new(file).lines().collect::<std::io::Result<_>>()?;
+    let model: Arc<dyn CausalLm> = Arc::from(loaded.model);
+    let tokenizer = loaded.tokenizer.map(Arc::new);
+    let info = model.info().clone();
+    // Validate at the edge: a bad line becomes an error line, not an abort.
+    let mut specs = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let parsed = serde_json::from_str::<RequestSpec>(line)
+            .map_err(|e| format!("line {}: invalid request JSON: {e}", i + 1))
+            .and_then(|s| {
+                s.validate(tokenizer.as_deref(), info.vocab_size, info.max_position, &info.eos_ids)
+                    .map_err(|e| format!("line {}: {e}", i + 1))
+            });
+        specs.push(parsed);
+    }
+    let cfg = a.engine.config();
+    let detok = tokenizer.clone().map(|t| t as Arc<dyn caracal_actors::engine::Detokenize>);
+    let sys = actix::System::new();
+    let (results, wall) = sys.block_on(async move {
+        let engine = Engine::start(model, cfg, detok);
+        let t0 = Instant::now();
+        let mut pending = Vec::new();
+        for spec in specs {
+            pending.push(match spec {
+                Ok(req) => {
+                    let prompt_tokens = req.prompt.len();
+                    match engine.submit(req).await {
+                        Ok(rx) => Ok((prompt_tokens, rx)),
+                        Err(e) => Err(json!({"type": "overloaded", "message": e.to_string()})),
+                    }
+                }
+                Err(msg) => Err(json!({"type": "invalid_request", "message": msg})),
+            });
+        }
+        let collect = pending.into_iter().map(|p| async move {
+            let (prompt_tokens, mut rx) = match p {
+                Ok(x) => x,
+                Err(e) => return json!({"error": e}),
+            };
+            let mut ids = Vec::new();
+            let mut t_first = None;
+            while let Some(ev) = rx.recv().await {
+                match ev {
+                    TokenEvent::Token { id } => {
+                        t_first.get_or_insert_with(Instant::now);
+                        ids.push(id);
+                    }
+                    TokenEvent::Finished { reason, cache, .. } => {
+                        return json!({"token_ids": ids, "prompt_tokens": prompt_tokens, "cached_tokens": cache.cached_tokens,
+                            "cache_miss_reason": cache.miss_reason, "finish_reason": reason.as_str()});
+                    }
+                    TokenEvent::Error { kind, message } => return json!({"error": {"type": kind, "message": message}}),
+                }
+            }
+            json!({"error": {"type": "internal_error", "message": "the engine closed the stream"}})
+        });
+        let results = futures::future::join_all(collect).await;
+        (results, t0.elapsed().as_secs_f64())
+    });
+    let mut out: Box<dyn Write> = match &a.output {
+        Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let (mut ok, mut prompt_total, mut gen_total, mut cached_total) = (0usize, 0usize, 0usize, 0usize);
+    for (index, mut r) in results.into_iter().enumerate() {
+        if let (Some(ids), Some(t)) = (r.get("token_ids").cloned(), tokenizer.as_ref()) {
+            let ids: Vec<u32> = serde_json::from_value(ids)?;
+            r["text"] = Value::String(t.decode(&ids, true)?);
+        }
+        if r.get("error").is_none() {
+            ok += 1;
+            prompt_total += r["prompt_tokens"].as_u64().unwrap_or(0) as usize;
+            gen_total += r["token_ids"].as_array().map(|a| a.len()).unwrap_or(0);
+            cached_total += r["cached_tokens"].as_u64().unwrap_or(0) as usize;
+        }
+        r["index"] = json!(index);
+        writeln!(out, "{}", serde_json::to_string(&r)?)?;
+    }
+    out.flush()?;
+    eprintln!(
+        "batch: {ok}/{} requests ok, {prompt_total} prompt tokens ({cached_total} cached), {gen_total} generated in {wall:.2} s: {:.1} output tok/s, {:.1} total tok/s",
+        lines.iter().filter(|l| !l.trim().is_empty()).count(),
+        gen_total as f64 / wall.max(1e-9),
+        (prompt_total + gen_total) as f64 / wall.max(1e-9),
+    );
+    Ok(())
+}

@@ -1,0 +1,230 @@
+//! `caracal bench`: a load generator for the runtime (in-process for now;
+//! against a server once it exists). Reports time to first token,
+//! inter-token latency, throughput and cache hit rate, and compares
+//! concurrency levels and cached-history follow-ups side by side in one run.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use caracal::generate::LoadedModel;
+use caracal::models::CausalLm;
+use caracal_actors::messages::{StopConditions, TokenEvent, ValidRequest};
+use caracal_actors::runtime::Engine;
+use caracal_kernels::sampling::{Rng, SamplingParams};
+use clap::Args;
+use serde_json::json;
+
+use super::engine_args::EngineArgs;
+
+/// Arguments of `caracal bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Checkpoint folder.
+    #[arg(long)]
+    model: PathBuf,
+    /// Requests per concurrency level.
+    #[arg(long, default_value_t = 16)]
+    requests: usize,
+    /// Prompt tokens per request (random ids).
+    #[arg(long, default_value_t = 128)]
+    input_len: usize,
+    /// Generated tokens per request (EOS ignored).
+    #[arg(long, default_value_t = 64)]
+    output_len: usize,
+    /// Concurrency levels to run, comma-separated; ratios are against the first.
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    concurrency: Vec<usize>,
+    /// Also measure a follow-up turn after this many tokens of cached history
+    /// (vs the same new tokens without history); 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    history: usize,
+    /// Seed of the random prompts.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// Timings of one request.
+#[derive(Debug, Clone)]
+struct Sample {
+    ttft: f64,
+    itl: Vec<f64>,
+    generated: usize,
+    prompt: usize,
+    cached: usize,
+}
+
+/// Aggregates of one scenario.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Summary {
+    name: String,
+    requests: usize,
+    wall_s: f64,
+    output_tok_s: f64,
+    ttft_mean_ms: f64,
+    ttft_p50_ms: f64,
+    ttft_p99_ms: f64,
+    itl_mean_ms: f64,
+    itl_p99_ms: f64,
+    cache_hit_rate: f64,
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn summarize(name: &str, samples: &[Sample], wall: f64) -> Summary {
+    let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft * 1e3).collect();
+    let mut itl: Vec<f64> = samples.iter().flat_map(|s| s.itl.iter().map(|x| x * 1e3)).collect();
+    let gen: usize = samples.iter().map(|s| s.generated).sum();
+    let prompt: usize = samples.iter().map(|s| s.prompt).sum();
+    let cached: usize = samples.iter().map(|s| s.cached).sum();
+    Summary {
+        name: name.into(),
+        requests: samples.len(),
+        wall_s: wall,
+        output_tok_s: gen as f64 / wall.max(1e-9),
+        ttft_mean_ms: ttft.iter().sum::<f64>() / ttft.len().max(1) as f64,
+        ttft_p50_ms: pct(&mut ttft, 0.5),
+        ttft_p99_ms: pct(&mut ttft, 0.99),
+        itl_mean_ms: itl.iter().sum::<f64>() / itl.len().max(1) as f64,
+        itl_p99_ms: pct(&mut itl, 0.99),
+        cache_hit_rate: cached as f64 / prompt.max(1) as f64,
+    }
+}
+
+fn random_prompt(rng: &mut Rng, len: usize, vocab: usize) -> Vec<u32> {
+    let lo = 16.min(vocab - 1);
+    (0..len).map(|_| lo as u32 + (rng.next_u64() % (vocab - lo) as u64) as u32).collect()
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize, session: Option<String>) -> ValidRequest {
+    ValidRequest {
+        session,
+        prompt,
+        cache_key: None,
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop: StopConditions::default(),
+    }
+}
+
+async fn one(engine: &Engine, req: ValidRequest) -> Result<Sample> {
+    let prompt = req.prompt.len();
+    let t0 = Instant::now();
+    let mut rx = engine.submit(req).await?;
+    let (mut ttft, mut last, mut itl, mut generated) = (0.0, t0, Vec::new(), 0);
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            TokenEvent::Token { .. } => {
+                let now = Instant::now();
+                if generated == 0 {
+                    ttft = (now - t0).as_secs_f64();
+                } else {
+                    itl.push((now - last).as_secs_f64());
+                }
+                last = now;
+                generated += 1;
+            }
+            TokenEvent::Finished { cache, .. } => return Ok(Sample { ttft, itl, generated, prompt, cached: cache.cached_tokens }),
+            TokenEvent::Error { kind, message } => bail!("{kind}: {message}"),
+        }
+    }
+    bail!("stream closed before the request finished")
+}
+
+/// Runs `reqs` keeping at most `conc` in flight.
+async fn run_level(engine: &Engine, reqs: Vec<ValidRequest>, conc: usize) -> Result<(Vec<Sample>, f64)> {
+    let t0 = Instant::now();
+    let queue = Arc::new(std::sync::Mutex::new(reqs.into_iter()));
+    let workers = (0..conc.max(1)).map(|_| {
+        let queue = queue.clone();
+        async move {
+            let mut out = Vec::new();
+            loop {
+                let next = queue.lock().expect("bench queue lock").next();
+                let Some(r) = next else { break };
+                out.push(one(engine, r).await?);
+            }
+            Ok::<_, anyhow::Error>(out)
+        }
+    });
+    let mut samples = Vec::new();
+    for r in futures::future::join_all(workers).await {
+        samples.extend(r?);
+    }
+    Ok((samples, t0.elapsed().as_secs_f64()))
+}
+
+/// Runs `caracal bench`.
+pub fn run(a: BenchArgs) -> Result<()> {
+    let loaded = LoadedModel::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
+    let model: Arc<dyn CausalLm> = Arc::from(loaded.model);
+    let info = model.info().clone();
+    if a.input_len + a.output_len + a.history >= info.max_position {
+        bail!("history + input_len + output_len must stay below the context length {}", info.max_position);
+    }
+    let cfg = a.engine.config();
+    let sys = actix::System::new();
+    let summaries = sys.block_on(async move {
+        let engine = Engine::start(model, cfg, None);
+        let mut rng = Rng::new(a.seed);
+        let mut out = Vec::new();
+        // Warm-up: one short request so lazy initialisation is not measured.
+        one(&engine, request(random_prompt(&mut rng, 8, info.vocab_size), 2, None)).await?;
+        for &c in &a.concurrency {
+            let reqs = (0..a.requests).map(|_| request(random_prompt(&mut rng, a.input_len, info.vocab_size), a.output_len, None)).collect();
+            let (samples, wall) = run_level(&engine, reqs, c).await?;
+            out.push(summarize(&format!("concurrency {c}"), &samples, wall));
+        }
+        if a.history > 0 {
+            let (mut cold, mut warm) = (Vec::new(), Vec::new());
+            for i in 0..a.requests.clamp(1, 8) {
+                let history = random_prompt(&mut rng, a.history, info.vocab_size);
+                let new = random_prompt(&mut rng, a.input_len, info.vocab_size);
+                let session = Some(format!("bench-{i}"));
+                // Turn 1 (not measured) leaves the history cached and pinned.
+                one(&engine, request(history.clone(), 1, session.clone())).await?;
+                let mut follow = history;
+                follow.extend(&new);
+                warm.push(one(&engine, request(follow, a.output_len.min(8), session)).await?);
+                cold.push(one(&engine, request(new, a.output_len.min(8), None)).await?);
+            }
+            out.push(summarize(&format!("follow-up, {} cached history + {} new", a.history, a.input_len), &warm, 1.0));
+            out.push(summarize(&format!("no history, {} new", a.input_len), &cold, 1.0));
+        }
+        Ok::<_, anyhow::Error>(out)
+    })?;
+    let base = summaries[0].output_tok_s;
+    if a.json {
+        println!("{}", json!({"model": a.model.display().to_string(), "scenarios": summaries}));
+        return Ok(());
+    }
+    println!("{:<44} {:>6} {:>10} {:>8} {:>10} {:>10} {:>10} {:>9}", "scenario", "reqs", "out tok/s", "ratio", "TTFT ms", "TTFT p99", "ITL ms", "cache hit");
+    for s in &summaries {
+        let ratio = if s.name.starts_with("concurrency") { format!("{:.2}x", s.output_tok_s / base) } else { "-".into() };
+        println!(
+            "{:<44} {:>6} {:>10.1} {:>8} {:>10.2} {:>10.2} {:>10.2} {:>8.1}%",
+            s.name, s.requests, s.output_tok_s, ratio, s.ttft_mean_ms, s.ttft_p99_ms, s.itl_mean_ms, s.cache_hit_rate * 100.0
+        );
+    }
+    if a.history > 0 {
+        let n = summaries.len();
+        println!(
+            "follow-up TTFT with {} cached tokens / without history: {:.2}x",
+            a.history,
+            summaries[n - 2].ttft_mean_ms / summaries[n - 1].ttft_mean_ms.max(1e-9)
+        );
+    }
+    Ok(())
+}

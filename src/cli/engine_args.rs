@@ -1,0 +1,79 @@
+//! Runtime flags shared by `batch`, `bench` and (later) `serve`, named like
+//! SGLang's / vLLM's.
+
+use std::time::Duration;
+
+use caracal_actors::runtime::EngineConfig;
+use caracal_actors::scheduler::SchedulerConfig;
+use clap::Args;
+
+/// Scheduler, cache and expert-parallel settings.
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// Expert shards (threads owning disjoint experts); 1 runs experts inline.
+    #[arg(long, default_value_t = 1)]
+    pub ep: usize,
+    /// Sequences decoding at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_running_requests: usize,
+    /// Tokens per batched forward (decode + prefill).
+    #[arg(long, default_value_t = 2048)]
+    pub max_batch_tokens: usize,
+    /// Largest prefill chunk of one sequence per step.
+    #[arg(long, default_value_t = 512)]
+    pub chunked_prefill_size: usize,
+    /// Requests that may wait for admission before new ones are refused as overloaded.
+    #[arg(long, default_value_t = 256)]
+    pub max_waiting_requests: usize,
+    /// KV cache budget, e.g. 512MiB, 2GiB or a byte count.
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    pub kv_cache_memory: usize,
+    /// Tokens per KV page.
+    #[arg(long, default_value_t = 16)]
+    pub page_size: usize,
+    /// KDA state snapshot every N tokens (hybrid models), besides turn ends.
+    #[arg(long, default_value_t = 512)]
+    pub state_checkpoint_interval: usize,
+    /// Seconds a session's cached path stays pinned without use.
+    #[arg(long, default_value_t = 600)]
+    pub session_ttl: u64,
+}
+
+/// Parses `123`, `64KiB`, `512MiB`, `2GiB`, `1GB`.
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.trim().parse().map_err(|_| format!("`{s}` is not a size (examples: 512MiB, 2GiB)"))?;
+    let mult = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        other => return Err(format!("unknown size unit `{other}` (use B, KiB, MiB, GiB, KB, MB, GB)")),
+    };
+    Ok((n * mult) as usize)
+}
+
+impl EngineArgs {
+    /// The runtime configuration these flags describe.
+    pub fn config(&self) -> EngineConfig {
+        EngineConfig {
+            scheduler: SchedulerConfig {
+                max_running_requests: self.max_running_requests.max(1),
+                max_batch_tokens: self.max_batch_tokens.max(1),
+                chunked_prefill_size: self.chunked_prefill_size.max(1),
+                max_waiting_requests: self.max_waiting_requests,
+                page_size: self.page_size.max(1),
+                state_checkpoint_interval: self.state_checkpoint_interval.max(1),
+            },
+            kv_cache_memory: self.kv_cache_memory,
+            ep: self.ep.max(1),
+            stream_credit: 64,
+            session_ttl: Duration::from_secs(self.session_ttl),
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! `caracal quantize --to mxfp4 IN_DIR OUT_DIR [--experts-only]`: write an
+//! MXFP4 copy of a checkpoint (see `caracal::quantize`).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use caracal::quantize::{quantize_checkpoint, QuantizeOptions, ScaleRule};
+use clap::{Args, ValueEnum};
+
+/// Target formats of `caracal quantize`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Target {
+    /// OCP MXFP4 (E2M1 codes, one E8M0 scale per 32 weights), compressed-tensors layout.
+    Mxfp4,
+}
+
+/// How block scales are chosen.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ScaleArg {
+    /// Least squared error among the OCP exponent and its neighbours (default).
+    MinMse,
+    /// The OCP reference exponent floor(log2(amax)) - 2, as llama.cpp does.
+    Ocp,
+}
+
+/// Arguments of `caracal quantize`.
+#[derive(Args)]
+pub struct QuantizeArgs {
+    /// Target format.
+    #[arg(long, value_enum, default_value = "mxfp4")]
+    to: Target,
+    /// Source checkpoint folder (bf16/f16/f32 safetensors).
+    in_dir: PathBuf,
+    /// Folder to write (created).
+    out_dir: PathBuf,
+    /// Quantize only routed expert weights (`*.experts.*`), as Kimi K3 ships.
+    #[arg(long)]
+    experts_only: bool,
+    /// Also quantize the token embedding and lm_head (faster decode on small
+    /// models with tied embeddings, lower quality).
+    #[arg(long, conflicts_with = "experts_only")]
+    embeddings: bool,
+    /// Block-scale rule.
+    #[arg(long, value_enum, default_value = "min-mse")]
+    scales: ScaleArg,
+    /// Largest output shard in GiB.
+    #[arg(long, default_value_t = 4.0)]
+    shard_gib: f64,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// Runs `caracal quantize`.
+pub fn run(a: QuantizeArgs) -> Result<()> {
+    let Target::Mxfp4 = a.to;
+    let opts = QuantizeOptions {
+        experts_only: a.experts_only,
+        embeddings: a.embeddings,
+        progress: !a.quiet,
+        scale_rule: match a.scales {
+            ScaleArg::MinMse => ScaleRule::MinMse,
+            ScaleArg::Ocp => ScaleRule::Ocp,
+        },
+        max_shard_bytes: (a.shard_gib.max(0.001) * (1u64 << 30) as f64) as u64,
+    };
+    let report = quantize_checkpoint(&a.in_dir, &a.out_dir, &opts)
+        .with_context(|| format!("quantizing {} into {}", a.in_dir.display(), a.out_dir.display()))?;
+    print!("{report}");
+    Ok(())
+}

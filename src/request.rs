@@ -1,0 +1,187 @@
+//! Validating client requests at the edge.
+//!
+//! A [`RequestSpec`] is what clients send (a `caracal batch` line, later the
+//! OpenAI HTTP body); [`RequestSpec::validate`] turns it into the runtime's
+//! [`ValidRequest`] or a [`ValidationError`] naming the field and the limit
+//! (`max_tokens must be <= 32768, got 40000`).
+
+use caracal_actors::messages::{StopConditions, ValidRequest};
+use caracal_kernels::sampling::SamplingParams;
+use serde::Deserialize;
+
+use crate::tokenizer::TextTokenizer;
+
+/// Largest `max_tokens` a request may ask for.
+pub const MAX_OUTPUT_TOKENS: usize = 32768;
+
+/// A generation request as clients write it (vLLM/OpenAI field names).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestSpec {
+    /// Prompt text (tokenized with the model's tokenizer).
+    pub prompt: Option<String>,
+    /// Prompt token ids (instead of `prompt`).
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Most new tokens (default 16, as in the OpenAI completions API).
+    pub max_tokens: Option<usize>,
+    /// Softmax temperature, `[0, 2]` (default 1; 0 is greedy).
+    pub temperature: Option<f32>,
+    /// Nucleus mass, `(0, 1]`.
+    pub top_p: Option<f32>,
+    /// Top-k cut (0 or -1 disables).
+    pub top_k: Option<i64>,
+    /// Min-p cut, `[0, 1]`.
+    pub min_p: Option<f32>,
+    /// Sampler seed.
+    pub seed: Option<u64>,
+    /// Repetition penalty, `(0, 2]`.
+    pub repetition_penalty: Option<f32>,
+    /// Presence penalty, `[-2, 2]`.
+    pub presence_penalty: Option<f32>,
+    /// Frequency penalty, `[-2, 2]`.
+    pub frequency_penalty: Option<f32>,
+    /// Stop strings (one string or a list).
+    pub stop: Option<StopSpec>,
+    /// Extra stop ids.
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// Keep generating past EOS.
+    pub ignore_eos: Option<bool>,
+    /// Session key for fairness and cache pinning.
+    pub session: Option<String>,
+}
+
+/// `stop` as a single string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopSpec {
+    /// One string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// A request that failed validation; the message names the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct ValidationError(pub String);
+
+fn range(name: &str, v: Option<f32>, lo: f32, hi: f32, lo_open: bool) -> Result<(), ValidationError> {
+    if let Some(x) = v {
+        let ok = x.is_finite() && (if lo_open { x > lo } else { x >= lo }) && x <= hi;
+        if !ok {
+            let l = if lo_open { "(" } else { "[" };
+            return Err(ValidationError(format!("`{name}` must be in {l}{lo}, {hi}], got {x}")));
+        }
+    }
+    Ok(())
+}
+
+impl RequestSpec {
+    /// Checks every field and tokenizes the prompt.
+    pub fn validate(
+        &self,
+        tokenizer: Option<&TextTokenizer>,
+        vocab_size: usize,
+        context: usize,
+        eos_ids: &[u32],
+    ) -> Result<ValidRequest, ValidationError> {
+        let prompt = match (&self.prompt, &self.prompt_ids) {
+            (Some(_), Some(_)) => return Err(ValidationError("give either `prompt` or `prompt_ids`, not both".into())),
+            (None, None) => return Err(ValidationError("`prompt` or `prompt_ids` is required".into())),
+            (None, Some(ids)) => ids.clone(),
+            (Some(text), None) => tokenizer
+                .ok_or_else(|| ValidationError("the model has no tokenizer; send `prompt_ids`".into()))?
+                .encode(text)
+                .map_err(|e| ValidationError(format!("`prompt` could not be tokenized: {e}")))?,
+        };
+        if prompt.is_empty() {
+            return Err(ValidationError("the prompt is empty".into()));
+        }
+        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(ValidationError(format!("`prompt_ids` contains {bad}, outside the vocabulary (size {vocab_size})")));
+        }
+        if prompt.len() >= context {
+            return Err(ValidationError(format!(
+                "prompt has {} tokens, but the model's context length is {context}",
+                prompt.len()
+            )));
+        }
+        let max_tokens = self.max_tokens.unwrap_or(16);
+        if max_tokens == 0 || max_tokens > MAX_OUTPUT_TOKENS {
+            return Err(ValidationError(format!("`max_tokens` must be in [1, {MAX_OUTPUT_TOKENS}], got {max_tokens}")));
+        }
+        range("temperature", self.temperature, 0.0, 2.0, false)?;
+        range("top_p", self.top_p, 0.0, 1.0, true)?;
+        range("min_p", self.min_p, 0.0, 1.0, false)?;
+        range("repetition_penalty", self.repetition_penalty, 0.0, 2.0, true)?;
+        range("presence_penalty", self.presence_penalty, -2.0, 2.0, false)?;
+        range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, false)?;
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => return Err(ValidationError(format!("`top_k` must be -1, 0 or positive, got {k}"))),
+        };
+        let mut ids: Vec<u32> = if self.ignore_eos.unwrap_or(false) { Vec::new() } else { eos_ids.to_vec() };
+        ids.extend(self.stop_token_ids.iter().flatten().copied());
+        let strings = match &self.stop {
+            None => Vec::new(),
+            Some(StopSpec::One(s)) => vec![s.clone()],
+            Some(StopSpec::Many(v)) => v.clone(),
+        };
+        if strings.len() > 16 || strings.iter().any(|s| s.is_empty()) {
+            return Err(ValidationError("`stop` takes at most 16 non-empty strings".into()));
+        }
+        Ok(ValidRequest {
+            session: self.session.clone(),
+            prompt,
+            cache_key: None,
+            max_tokens,
+            sampling: SamplingParams {
+                temperature: self.temperature.unwrap_or(1.0),
+                top_p: self.top_p.unwrap_or(1.0),
+                top_k,
+                min_p: self.min_p.unwrap_or(0.0),
+                seed: self.seed,
+                repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+                presence_penalty: self.presence_penalty.unwrap_or(0.0),
+                frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            },
+            stop: StopConditions { ids, strings },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: &str) -> RequestSpec {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_limit() {
+        let e = spec(r#"{"prompt_ids":[1,2],"max_tokens":40000}"#).validate(None, 10, 100, &[]).unwrap_err();
+        assert_eq!(e.0, "`max_tokens` must be in [1, 32768], got 40000");
+        let e = spec(r#"{"prompt_ids":[1,2],"temperature":3}"#).validate(None, 10, 100, &[]).unwrap_err();
+        assert!(e.0.starts_with("`temperature` must be in [0, 2]"), "{}", e.0);
+        let e = spec(r#"{"prompt_ids":[1,99]}"#).validate(None, 10, 100, &[]).unwrap_err();
+        assert!(e.0.contains("99") && e.0.contains("vocabulary"), "{}", e.0);
+        let e = spec(r#"{"prompt_ids":[1,2,3]}"#).validate(None, 10, 3, &[]).unwrap_err();
+        assert!(e.0.contains("context length is 3"), "{}", e.0);
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        assert!(serde_json::from_str::<RequestSpec>(r#"{"prompt":"x","temprature":1}"#).is_err());
+    }
+
+    #[test]
+    fn eos_is_a_stop_id_unless_ignored() {
+        let r = spec(r#"{"prompt_ids":[1],"stop_token_ids":[7]}"#).validate(None, 10, 100, &[2]).unwrap();
+        assert_eq!(r.stop.ids, vec![2, 7]);
+        let r = spec(r#"{"prompt_ids":[1],"ignore_eos":true,"stop":"END"}"#).validate(None, 10, 100, &[2]).unwrap();
+        assert!(r.stop.ids.is_empty());
+        assert_eq!(r.stop.strings, vec!["END".to_string()]);
+    }
+}
