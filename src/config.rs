@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// Architectures Caracal loads, by `model_type`.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "deepseek_v3", "kimi_k2", "kimi_linear"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "deepseek_v3", "kimi_k2", "kimi_linear", "kimi_k3"];
 
 /// Reads a JSON file into a value.
 pub fn read_json(path: &Path, what: &'static str) -> Result<Value> {

@@ -16,6 +16,8 @@
 //!
 //! The `caracal` binary (`src/main.rs`, `src/cli/`) drives these modules.
 
+#![recursion_limit = "256"]
+
 pub mod chat;
 pub mod checkpoint;
 pub mod config;
@@ -33,3 +35,5 @@ pub mod plan;
 pub mod eval;
 pub mod inspect;
 pub mod quantize;
+pub mod moeify;
+pub mod synth;

@@ -60,8 +60,38 @@ fn argmax(row: &[f32]) -> usize {
     row.iter().enumerate().fold((0, f32::MIN), |best, (i, &v)| if v > best.1 { (i, v) } else { best }).0
 }
 
-/// Quantizes `name` and compares its teacher-forced logits with the bf16 model's.
-/// Returns (relative RMS logit error, top-1 agreement).
+/// Writes `q`'s checkpoint to `dst` with every MXFP4 weight replaced by its
+/// decoded values as a plain f32 `{base}.weight`: the dense model the
+/// quantized file describes.
+fn write_decoded(q: &Path, dst: &Path) {
+    let ckpt = Checkpoint::open(q).unwrap();
+    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for n in ckpt.names() {
+        let e = ckpt.entry(n).unwrap();
+        if let Some(base) = n.strip_suffix(".weight_packed") {
+            let (rows, cols) = (e.shape[0], e.shape[1] * 2);
+            let m = ckpt.matrix(&format!("{base}.weight"), rows, cols).unwrap();
+            assert_eq!(m.dtype, DType::Mxfp4);
+            let bytes = m.to_f32_vec().iter().flat_map(|v| v.to_le_bytes()).collect();
+            owned.push((format!("{base}.weight"), Dtype::F32, vec![rows, cols], bytes));
+        } else if !n.ends_with(".weight_scale") {
+            let dtype = match e.dtype.name() {
+                "bf16" => Dtype::BF16,
+                "f32" => Dtype::F32,
+                other => panic!("unexpected dtype {other} in a fixture"),
+            };
+            owned.push((n.to_string(), dtype, e.shape.clone(), ckpt.bytes(n).unwrap().to_vec()));
+        }
+    }
+    write_st(&dst.join("model.safetensors"), &owned.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone())).collect::<Vec<_>>());
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(q.join(f), dst.join(f)).unwrap();
+    }
+}
+
+/// Quantizes `name`, then checks that (a) the MXFP4 model computes exactly the
+/// dense model its decoded weights describe, (b) it generates, and returns
+/// (relative RMS logit error vs bf16, top-1 agreement with bf16).
 fn quantized_vs_bf16(name: &str, experts_only: bool) -> (f64, f64) {
     let out = TempDir::new(&format!("{name}-{experts_only}"));
     let opts = QuantizeOptions { experts_only, ..Default::default() };
@@ -86,31 +116,49 @@ fn quantized_vs_bf16(name: &str, experts_only: bool) -> (f64, f64) {
     assert_eq!(ckpt.total_params(), src.total_params(), "MXFP4 tensors count their logical parameters");
 
     let q = LoadedModel::load(&out.0).unwrap();
-    let f = LoadedModel::load(&fixture(name)).unwrap();
     let seq = probe_ids(name);
-    let (lq, lf) = (prompt_logits(q.model.as_ref(), &seq).unwrap(), prompt_logits(f.model.as_ref(), &seq).unwrap());
+    let lq = prompt_logits(q.model.as_ref(), &seq).unwrap();
     assert!(lq.iter().all(|x| x.is_finite()), "{name}: non-finite logits");
+
+    // (a) Exactness: same logits as the f32 model of the decoded weights, up to
+    // f32 summation order (MXFP4 kernel vs dense GEMM): 1e-4 of the largest logit.
+    let dec = TempDir::new(&format!("{name}-{experts_only}-decoded"));
+    write_decoded(&out.0, &dec.0);
+    let ld = prompt_logits(LoadedModel::load(&dec.0).unwrap().model.as_ref(), &seq).unwrap();
+    let scale = ld.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let diff = lq.iter().zip(&ld).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(diff <= 1e-4 * scale, "{name}: MXFP4 model differs from its decoded weights by {diff} (max |logit| {scale})");
+
+    // (b) It generates.
+    let req = GenerateRequest { prompt_ids: seq[..8].to_vec(), max_tokens: 8, sampling: SamplingParams::greedy(), stop_ids: Vec::new() };
+    assert_eq!(generate(q.model.as_ref(), &req, |_| {}).unwrap().token_ids.len(), 8);
+
+    let lf = prompt_logits(LoadedModel::load(&fixture(name)).unwrap().model.as_ref(), &seq).unwrap();
     let v = q.model.info().vocab_size;
     let agree = lq.chunks(v).zip(lf.chunks(v)).filter(|(a, b)| argmax(a) == argmax(b)).count() as f64 / seq.len() as f64;
     let err = rel_rms(&lq, &lf);
-
-    // It generates.
-    let req = GenerateRequest { prompt_ids: seq[..8].to_vec(), max_tokens: 8, sampling: SamplingParams::greedy(), stop_ids: Vec::new() };
-    assert_eq!(generate(q.model.as_ref(), &req, |_| {}).unwrap().token_ids.len(), 8);
     eprintln!(
-        "{name} experts_only={experts_only}: {} weights quantized, weight rel. RMS error {:.4}, logit rel. RMS error {err:.4}, top-1 agreement {agree:.2}",
+        "{name} experts_only={experts_only}: {} weights quantized, weight rel. RMS error {:.4}, logit rel. RMS error vs bf16 {err:.4}, \
+         top-1 agreement {agree:.2}; vs decoded-weights model max |diff| {diff:.2e} (max |logit| {scale:.1})",
         report.quantized, report.relative_rms_error
     );
     (err, agree)
 }
 
-/// MXFP4 is lossy: one E2M1 code per weight leaves a relative weight error of
-/// about 9% (reported by the quantizer). On these random tiny models the
-/// logits move by a relative RMS of at most 0.25 and the top-1 token stays the
-/// same at ≥ 70% of ≥ 20 positions (measured: see the eprintln output).
-/// Quantizing only the experts, a small part of the weights, moves them less.
-const LOGIT_REL_RMS_MAX: f64 = 0.25;
-const TOP1_AGREEMENT_MIN: f64 = 0.7;
+/// Fidelity bounds against the bf16 model. MXFP4 is lossy: the quantizer
+/// reports a relative weight error of about 11%. These fixtures have random
+/// weights scaled up so that their logits are far from flat, and such random
+/// networks amplify weight noise. Measured (29 positions each): logit
+/// relative RMS error 0.17 / 0.31 (deepseek-v3 / kimi-linear, experts only),
+/// 0.39 (llama), 0.43 (deepseek-v3), 0.58 (kimi-linear, whose KDA gates and
+/// decays compound the error over the recurrence); top-1 agreement 0.79 /
+/// 0.69 / 0.55 / 0.52 / 0.24 (chance is 1/512). The bounds leave room for
+/// that and still catch a broken layout (a wrong nibble order or scale gives
+/// errors ≥ 1 and chance-level agreement). That the MXFP4 model computes
+/// exactly its decoded weights is checked tightly above; real-model fidelity
+/// is SmolLM2's perplexity (`smollm2_mxfp4_perplexity_stays_near_bf16`).
+const LOGIT_REL_RMS_MAX: f64 = 0.75;
+const TOP1_AGREEMENT_MIN: f64 = 0.2;
 
 #[test]
 fn quantized_tiny_llama_tracks_the_bf16_logits() {

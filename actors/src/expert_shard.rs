@@ -1,4 +1,4 @@
-//! Expert shards: `--ep N` actors, each on its own thread, each owning a
+//! Expert shards: `--ep N` actors, each on its own arbiter thread, each owning a
 //! disjoint set of routed experts (a placement map).
 //!
 //! Per MoE layer, [`ShardedExperts`] (the model's [`ExpertDispatch`]) splits
@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use actix::{Actor, Addr, Handler, MessageResult, SyncArbiter, SyncContext};
+use actix::{Actor, Addr, Arbiter, Context, Handler, MessageResult};
 
 use crate::engine::{combine, ExpertDispatch, ExpertFfn};
 use crate::messages::{GetExpertCounts, RunExperts};
@@ -50,19 +50,20 @@ impl ExpertShard {
 }
 
 impl Actor for ExpertShard {
-    type Context = SyncContext<Self>;
+    type Context = Context<Self>;
 }
 
 impl Handler<RunExperts> for ExpertShard {
-    type Result = MessageResult<RunExperts>;
-    fn handle(&mut self, m: RunExperts, _: &mut SyncContext<Self>) -> Self::Result {
-        MessageResult(self.run(&m))
+    type Result = ();
+    fn handle(&mut self, m: RunExperts, _: &mut Context<Self>) {
+        let out = self.run(&m);
+        let _ = m.reply.send(out);
     }
 }
 
 impl Handler<GetExpertCounts> for ExpertShard {
     type Result = MessageResult<GetExpertCounts>;
-    fn handle(&mut self, _: GetExpertCounts, _: &mut SyncContext<Self>) -> Self::Result {
+    fn handle(&mut self, _: GetExpertCounts, _: &mut Context<Self>) -> Self::Result {
         MessageResult(self.counts.iter().map(|(&(l, e), &c)| (l, e, c)).collect())
     }
 }
@@ -71,6 +72,8 @@ impl Handler<GetExpertCounts> for ExpertShard {
 pub struct ShardedExperts {
     /// Shard actors.
     shards: Vec<Addr<ExpertShard>>,
+    /// The shards' threads (one arbiter each), stopped on drop.
+    arbiters: Vec<Arbiter>,
     /// `placement[layer][expert]` = shard index.
     placement: RwLock<Vec<Vec<usize>>>,
 }
@@ -109,13 +112,15 @@ impl ShardedExperts {
         let n = n.max(1);
         let per_layer: Vec<usize> = experts.iter().map(|l| l.len()).collect();
         let experts = Arc::new(experts);
-        let shards = (0..n)
-            .map(|_| {
+        let arbiters: Vec<Arbiter> = (0..n).map(|_| Arbiter::new()).collect();
+        let shards = arbiters
+            .iter()
+            .map(|arb| {
                 let experts = experts.clone();
-                SyncArbiter::start(1, move || ExpertShard { experts: experts.clone(), counts: HashMap::new() })
+                ExpertShard::start_in_arbiter(&arb.handle(), move |_| ExpertShard { experts, counts: HashMap::new() })
             })
             .collect();
-        ShardedExperts { shards, placement: RwLock::new(round_robin(&per_layer, n)) }
+        ShardedExperts { shards, arbiters, placement: RwLock::new(round_robin(&per_layer, n)) }
     }
 
     /// Number of shards.
@@ -150,6 +155,14 @@ impl ShardedExperts {
     }
 }
 
+impl Drop for ShardedExperts {
+    fn drop(&mut self) {
+        for a in &self.arbiters {
+            a.stop();
+        }
+    }
+}
+
 impl ExpertDispatch for ShardedExperts {
     fn run(&self, moe_layer: usize, x: &[f32], hidden: usize, choices: &[Vec<(usize, f32)>]) -> Vec<f32> {
         let placement = self.placement.read().expect("placement lock is never poisoned");
@@ -172,23 +185,22 @@ impl ExpertDispatch for ShardedExperts {
             }
         }
         drop(placement);
+        // Send every shard its rows first, then wait: shards run in parallel.
         let busy: Vec<usize> = (0..n).filter(|&s| !items[s].is_empty()).collect();
-        let requests: Vec<_> = busy
-            .into_iter()
-            .map(|s| {
-                let mut rows = Vec::with_capacity(rows_of[s].len() * hidden);
-                for &r in &rows_of[s] {
-                    rows.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
-                }
-                let fut = self.shards[s].send(RunExperts { layer: moe_layer, hidden, rows, items: std::mem::take(&mut items[s]) });
-                (s, fut)
-            })
-            .collect();
+        let mut waiting = Vec::with_capacity(busy.len());
+        for s in busy {
+            let mut rows = Vec::with_capacity(rows_of[s].len() * hidden);
+            for &r in &rows_of[s] {
+                rows.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+            }
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            let msg = RunExperts { reply: tx, layer: moe_layer, hidden, rows, items: std::mem::take(&mut items[s]) };
+            self.shards[s].try_send(msg).expect("a shard has at most one request in flight per forward");
+            waiting.push((s, rx));
+        }
         let mut outputs: Vec<Vec<Option<Vec<f32>>>> = choices.iter().map(|c| vec![None; c.len()]).collect();
-        let (ids, futs): (Vec<usize>, Vec<_>) = requests.into_iter().unzip();
-        let replies = futures::executor::block_on(futures::future::join_all(futs));
-        for (s, reply) in ids.into_iter().zip(replies) {
-            let ys = reply.expect("expert shard threads live as long as the engine");
+        for (s, rx) in waiting {
+            let ys = rx.recv().expect("expert shard threads live as long as the engine");
             for (&(r, k), y) in back[s].iter().zip(ys) {
                 outputs[r][k] = Some(y);
             }

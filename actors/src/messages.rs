@@ -156,10 +156,13 @@ pub struct SchedulerStats {
 }
 
 /// SessionMemory command: find the cached prefix of `key`, lock it, and
-/// reserve pages for `reserve_tokens` tokens in total.
+/// reserve pages for `reserve_tokens` tokens in total. The answer goes back
+/// over `reply` when one is given (the scheduler blocks on it between steps).
 #[derive(Message, Debug)]
 #[rtype(result = "Result<Admission, MemoryError>")]
 pub struct MatchPrefix {
+    /// Where the answer goes (besides the actix reply).
+    pub reply: Option<std::sync::mpsc::SyncSender<Result<Admission, MemoryError>>>,
     /// Radix key of the prompt.
     pub key: Vec<u64>,
     /// The model has recurrent (KDA) layers: only snapshot boundaries hit.
@@ -254,10 +257,13 @@ pub struct MemoryStats {
 }
 
 /// ExpertShard command: run some rows of one MoE layer through this shard's
-/// experts.
+/// experts. The outputs go back over `reply` (a one-slot channel the
+/// waiting forward blocks on), one per `items` pair.
 #[derive(Message)]
-#[rtype(result = "Vec<Vec<f32>>")]
+#[rtype(result = "()")]
 pub struct RunExperts {
+    /// Where the outputs go.
+    pub reply: std::sync::mpsc::SyncSender<Vec<Vec<f32>>>,
     /// MoE layer index.
     pub layer: usize,
     /// Row width.

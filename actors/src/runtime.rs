@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{Actor, Addr, Arbiter, SyncArbiter};
+use actix::{Actor, Addr, Arbiter};
 use tokio::sync::mpsc;
 
 use crate::engine::{CausalLm, Detokenize};
@@ -70,12 +70,14 @@ pub struct Engine {
     _arbiter: Arc<ArbiterGuard>,
 }
 
-/// Stops the scheduler's arbiter when the last engine handle goes.
-struct ArbiterGuard(Arbiter);
+/// Stops the scheduler's and session memory's arbiters when the last engine handle goes.
+struct ArbiterGuard(Vec<Arbiter>);
 
 impl Drop for ArbiterGuard {
     fn drop(&mut self) {
-        self.0.stop();
+        for a in &self.0 {
+            a.stop();
+        }
     }
 }
 
@@ -84,7 +86,10 @@ impl Engine {
     pub fn start(model: Arc<dyn CausalLm>, cfg: EngineConfig, detok: Option<Arc<dyn Detokenize>>) -> Engine {
         let pages = pages_for(model.as_ref(), cfg.kv_cache_memory, cfg.scheduler.page_size);
         let mem_cfg = MemoryConfig { num_pages: pages, page_size: cfg.scheduler.page_size, session_ttl: cfg.session_ttl };
-        let memory = SyncArbiter::start(1, move || SessionMemoryActor(SessionMemory::new(mem_cfg.clone())));
+        let memory_arbiter = Arbiter::new();
+        let memory = SessionMemoryActor::start_in_arbiter(&memory_arbiter.handle(), move |_| {
+            SessionMemoryActor(SessionMemory::new(mem_cfg))
+        });
         let shards = if cfg.ep > 1 {
             model.as_moe().map(|moe| {
                 let sharded = Arc::new(ShardedExperts::start(moe.experts(), cfg.ep));
@@ -98,7 +103,13 @@ impl Engine {
         let arbiter = Arbiter::new();
         let mem = memory.clone();
         let scheduler = Scheduler::start_in_arbiter(&arbiter.handle(), move |_| Scheduler::new(state, mem));
-        Engine { scheduler, memory, shards, credit: cfg.stream_credit.max(1), _arbiter: Arc::new(ArbiterGuard(arbiter)) }
+        Engine {
+            scheduler,
+            memory,
+            shards,
+            credit: cfg.stream_credit.max(1),
+            _arbiter: Arc::new(ArbiterGuard(vec![arbiter, memory_arbiter])),
+        }
     }
 
     /// Submits a request; its events arrive on the returned receiver.

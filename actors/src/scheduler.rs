@@ -241,7 +241,7 @@ impl SchedulerState {
             let w = &self.waiting[i];
             let key: Vec<u64> = w.req.cache_key.clone().unwrap_or_else(|| w.req.prompt.iter().map(|&t| t as u64).collect());
             let reserve = (w.req.prompt.len() + w.req.max_tokens).min(info.max_position);
-            match mem.admit(MatchPrefix { key: key.clone(), hybrid, reserve_tokens: reserve }) {
+            match mem.admit(MatchPrefix { reply: None, key: key.clone(), hybrid, reserve_tokens: reserve }) {
                 Ok(adm) => {
                     let w = self.waiting.remove(i).expect("index from pick_waiting");
                     let mut state = self.model.new_state();
@@ -410,31 +410,62 @@ impl SchedulerState {
         for (i, reason) in finished {
             let mut r = self.running.swap_remove(i);
             tracing::debug!(request = r.id, generated = r.generated.len(), ?reason, "finished");
-            let _ = r.events.try_send(TokenEvent::Finished { reason, completion_tokens: r.generated.len(), cache: r.cache.clone() });
+            let done = TokenEvent::Finished { reason, completion_tokens: r.generated.len(), cache: r.cache.clone() };
             let mut snapshots = std::mem::take(&mut r.snapshots);
             snapshots.extend(r.decode_snapshot.take());
             let len = r.state.len;
             r.key.truncate(len);
+            // Commit before telling the client, so its next turn finds the cache.
             mem.commit(CommitSequence { key: r.key, pages: r.state.block_table, node: r.node, session: r.req.session, snapshots });
+            let _ = r.events.try_send(done);
             self.stats.finished += 1;
         }
     }
 }
 
-/// Memory port that asks the SessionMemory actor and waits for its answer
-/// (it runs on its own thread, so waiting here cannot deadlock).
+/// Memory port that messages the SessionMemory actor (its own thread) from
+/// the scheduler's thread. Commands are queued with `try_send` (retrying
+/// while the bounded mailbox is full); lookups wait on a one-slot reply
+/// channel. One sender, one FIFO mailbox: a commit is always seen by the
+/// lookups that follow it.
 pub struct ActorMemory(pub actix::Addr<crate::session_memory::SessionMemoryActor>);
 
+impl ActorMemory {
+    fn push<M>(&self, mut msg: M) -> bool
+    where
+        M: actix::Message + Send + 'static,
+        M::Result: Send,
+        crate::session_memory::SessionMemoryActor: Handler<M>,
+    {
+        for _ in 0..100_000 {
+            match self.0.try_send(msg) {
+                Ok(()) => return true,
+                Err(actix::prelude::SendError::Full(m)) => {
+                    msg = m;
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+                Err(actix::prelude::SendError::Closed(_)) => return false,
+            }
+        }
+        false
+    }
+}
+
 impl MemoryPort for ActorMemory {
-    fn admit(&mut self, m: MatchPrefix) -> Result<Admission, MemoryError> {
+    fn admit(&mut self, mut m: MatchPrefix) -> Result<Admission, MemoryError> {
         let need = m.reserve_tokens;
-        futures::executor::block_on(self.0.send(m)).unwrap_or(Err(MemoryError::OutOfPages { needed: need, available: 0 }))
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        m.reply = Some(tx);
+        if !self.push(m) {
+            return Err(MemoryError::OutOfPages { needed: need, available: 0 });
+        }
+        rx.recv().unwrap_or(Err(MemoryError::OutOfPages { needed: need, available: 0 }))
     }
     fn commit(&mut self, c: CommitSequence) {
-        let _ = futures::executor::block_on(self.0.send(c));
+        self.push(c);
     }
     fn release(&mut self, r: ReleaseSequence) {
-        let _ = futures::executor::block_on(self.0.send(r));
+        self.push(r);
     }
 }
 

@@ -6,7 +6,7 @@
 //! the same thing on both sides.
 //!
 //! Takes [`MatchPrefix`], [`CommitSequence`], [`ReleaseSequence`],
-//! [`GetMemoryStats`]. Runs on its own thread (a one-thread `SyncArbiter`),
+//! [`GetMemoryStats`]. Runs on its own arbiter thread,
 //! so the scheduler can ask it synchronously between steps.
 //!
 //! Rules that keep output correct:
@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, Handler, SyncContext};
+use actix::{Actor, Context, Handler};
 
 use crate::engine::LinearState;
 use crate::messages::{
@@ -258,33 +258,37 @@ impl SessionMemory {
 pub struct SessionMemoryActor(pub SessionMemory);
 
 impl Actor for SessionMemoryActor {
-    type Context = SyncContext<Self>;
+    type Context = Context<Self>;
 }
 
 impl Handler<MatchPrefix> for SessionMemoryActor {
     type Result = Result<Admission, MemoryError>;
-    fn handle(&mut self, m: MatchPrefix, _: &mut SyncContext<Self>) -> Self::Result {
-        self.0.admit(&m)
+    fn handle(&mut self, m: MatchPrefix, _: &mut Context<Self>) -> Self::Result {
+        let out = self.0.admit(&m);
+        if let Some(reply) = &m.reply {
+            let _ = reply.send(out.clone());
+        }
+        out
     }
 }
 
 impl Handler<CommitSequence> for SessionMemoryActor {
     type Result = ();
-    fn handle(&mut self, m: CommitSequence, _: &mut SyncContext<Self>) {
+    fn handle(&mut self, m: CommitSequence, _: &mut Context<Self>) {
         self.0.commit(m)
     }
 }
 
 impl Handler<ReleaseSequence> for SessionMemoryActor {
     type Result = ();
-    fn handle(&mut self, m: ReleaseSequence, _: &mut SyncContext<Self>) {
+    fn handle(&mut self, m: ReleaseSequence, _: &mut Context<Self>) {
         self.0.release(m)
     }
 }
 
 impl Handler<GetMemoryStats> for SessionMemoryActor {
     type Result = actix::MessageResult<GetMemoryStats>;
-    fn handle(&mut self, _: GetMemoryStats, _: &mut SyncContext<Self>) -> Self::Result {
+    fn handle(&mut self, _: GetMemoryStats, _: &mut Context<Self>) -> Self::Result {
         actix::MessageResult(self.0.stats())
     }
 }
@@ -304,11 +308,11 @@ mod tests {
     #[test]
     fn second_request_hits_the_committed_prefix() {
         let mut m = mem(16);
-        let a = m.admit(&MatchPrefix { key: key(10), hybrid: false, reserve_tokens: 14 }).unwrap();
+        let a = m.admit(&MatchPrefix { reply: None, key: key(10), hybrid: false, reserve_tokens: 14 }).unwrap();
         assert_eq!(a.cached_tokens, 0);
         assert_eq!(a.miss_reason, "cache empty");
         m.commit(CommitSequence { key: key(13), pages: a.pages, node: a.node, session: None, snapshots: vec![] });
-        let b = m.admit(&MatchPrefix { key: key(20), hybrid: false, reserve_tokens: 20 }).unwrap();
+        let b = m.admit(&MatchPrefix { reply: None, key: key(20), hybrid: false, reserve_tokens: 20 }).unwrap();
         assert_eq!(b.cached_tokens, 12);
         m.release(ReleaseSequence { pages: b.pages, node: b.node });
         m.check_quiescent().unwrap();
@@ -317,10 +321,10 @@ mod tests {
     #[test]
     fn hybrid_hit_needs_a_written_snapshot() {
         let mut m = mem(16);
-        let a = m.admit(&MatchPrefix { key: key(10), hybrid: true, reserve_tokens: 12 }).unwrap();
+        let a = m.admit(&MatchPrefix { reply: None, key: key(10), hybrid: true, reserve_tokens: 12 }).unwrap();
         let st = vec![LinearState { conv: vec![1.0], recurrent: vec![2.0] }];
         m.commit(CommitSequence { key: key(12), pages: a.pages, node: a.node, session: None, snapshots: vec![(4, st.clone())] });
-        let b = m.admit(&MatchPrefix { key: key(20), hybrid: true, reserve_tokens: 20 }).unwrap();
+        let b = m.admit(&MatchPrefix { reply: None, key: key(20), hybrid: true, reserve_tokens: 20 }).unwrap();
         assert_eq!(b.cached_tokens, 4, "only the boundary with a snapshot may hit");
         assert_eq!(b.snapshot.as_deref(), Some(&st));
         assert!(b.miss_reason.contains("snapshot"), "{}", b.miss_reason);
@@ -331,7 +335,7 @@ mod tests {
     #[test]
     fn cancelled_sequence_caches_nothing() {
         let mut m = mem(8);
-        let a = m.admit(&MatchPrefix { key: key(8), hybrid: false, reserve_tokens: 8 }).unwrap();
+        let a = m.admit(&MatchPrefix { reply: None, key: key(8), hybrid: false, reserve_tokens: 8 }).unwrap();
         m.release(ReleaseSequence { pages: a.pages, node: a.node });
         assert_eq!(m.stats().cached_pages, 0);
         assert_eq!(m.stats().free_pages, 8);
@@ -340,12 +344,12 @@ mod tests {
     #[test]
     fn full_pool_evicts_unpinned_prefixes_then_refuses() {
         let mut m = mem(4);
-        let a = m.admit(&MatchPrefix { key: key(8), hybrid: false, reserve_tokens: 8 }).unwrap();
+        let a = m.admit(&MatchPrefix { reply: None, key: key(8), hybrid: false, reserve_tokens: 8 }).unwrap();
         m.commit(CommitSequence { key: key(8), pages: a.pages, node: a.node, session: None, snapshots: vec![] });
         let other: Vec<u64> = (100..116).collect();
-        let b = m.admit(&MatchPrefix { key: other.clone(), hybrid: false, reserve_tokens: 16 }).unwrap();
+        let b = m.admit(&MatchPrefix { reply: None, key: other.clone(), hybrid: false, reserve_tokens: 16 }).unwrap();
         assert_eq!(b.pages.len(), 4, "the cached prefix was evicted to make room");
-        let err = m.admit(&MatchPrefix { key: key(4), hybrid: false, reserve_tokens: 4 }).unwrap_err();
+        let err = m.admit(&MatchPrefix { reply: None, key: key(4), hybrid: false, reserve_tokens: 4 }).unwrap_err();
         assert!(matches!(err, MemoryError::OutOfPages { .. }));
         m.release(ReleaseSequence { pages: b.pages, node: b.node });
         m.check_quiescent().unwrap();
@@ -354,12 +358,12 @@ mod tests {
     #[test]
     fn pinned_session_survives_pressure_until_unpinned() {
         let mut m = mem(4);
-        let a = m.admit(&MatchPrefix { key: key(8), hybrid: false, reserve_tokens: 8 }).unwrap();
+        let a = m.admit(&MatchPrefix { reply: None, key: key(8), hybrid: false, reserve_tokens: 8 }).unwrap();
         m.commit(CommitSequence { key: key(8), pages: a.pages, node: a.node, session: Some("s1".into()), snapshots: vec![] });
         let other: Vec<u64> = (100..116).collect();
-        assert!(m.admit(&MatchPrefix { key: other.clone(), hybrid: false, reserve_tokens: 16 }).is_err());
+        assert!(m.admit(&MatchPrefix { reply: None, key: other.clone(), hybrid: false, reserve_tokens: 16 }).is_err());
         m.unpin("s1");
-        let b = m.admit(&MatchPrefix { key: other, hybrid: false, reserve_tokens: 16 }).unwrap();
+        let b = m.admit(&MatchPrefix { reply: None, key: other, hybrid: false, reserve_tokens: 16 }).unwrap();
         m.release(ReleaseSequence { pages: b.pages, node: b.node });
         m.check_quiescent().unwrap();
     }

@@ -42,7 +42,8 @@ pub fn softplus(x: f32) -> f32 {
 /// up to ~5e-6 relative there; this form stays within a few ulps).
 #[inline]
 pub fn gelu_tanh(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = (std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2) as f32;
+    const SQRT_2_OVER_PI: f32 =
+        (std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2) as f32;
     let inner = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
     x / (1.0 + (-2.0 * inner).exp())
 }
@@ -140,7 +141,10 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
 pub fn situ_glu(gate: &[f32], up: &[f32], beta: f32, linear_beta: f32, out: &mut [f32]) {
     assert_eq!(gate.len(), up.len(), "situ_glu: gate and up lengths differ");
     assert_eq!(gate.len(), out.len(), "situ_glu: out length differs");
-    assert!(beta > 0.0 && linear_beta > 0.0, "situ_glu: betas must be positive");
+    assert!(
+        beta > 0.0 && linear_beta > 0.0,
+        "situ_glu: betas must be positive"
+    );
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         let act = beta * (g / beta).tanh() * sigmoid(g);
         let lin = linear_beta * (u / linear_beta).tanh();
@@ -153,7 +157,10 @@ mod tests {
     use super::*;
 
     /// Sample points spanning the saturating regions and zero.
-    const XS: &[f32] = &[-30.0, -20.5, -8.0, -3.0, -1.0, -0.25, 0.0, 1e-4, 0.5, 1.0, 2.0, 5.0, 19.9, 20.0, 20.5, 40.0];
+    const XS: &[f32] = &[
+        -30.0, -20.5, -8.0, -3.0, -1.0, -0.25, 0.0, 1e-4, 0.5, 1.0, 2.0, 5.0, 19.9, 20.0, 20.5,
+        40.0,
+    ];
 
     fn close(got: f32, want: f64, rel: f64, abs: f64) -> bool {
         (got as f64 - want).abs() <= rel * want.abs() + abs
@@ -186,10 +193,17 @@ mod tests {
             (-4.5, -0.9999999998033839),
         ];
         for &(x, want) in table {
-            assert!((erf_f64(x) - want).abs() < 1e-13, "erf_f64({x}) = {} want {want}", erf_f64(x));
+            assert!(
+                (erf_f64(x) - want).abs() < 1e-13,
+                "erf_f64({x}) = {} want {want}",
+                erf_f64(x)
+            );
             // f32: below 1e-7 plus the effect of rounding x itself to f32 (erf' <= 2/√π).
             let input_err = 1.13 * (x - x as f32 as f64).abs();
-            assert!(((erf(x as f32) as f64) - want).abs() < 1e-7 + input_err, "erf({x})");
+            assert!(
+                ((erf(x as f32) as f64) - want).abs() < 1e-7 + input_err,
+                "erf({x})"
+            );
         }
         assert!(erf_f64(f64::NAN).is_nan());
         assert_eq!(erf_f64(f64::INFINITY), 1.0);
@@ -236,7 +250,11 @@ mod tests {
         // -0.00404969); we evaluate in f64.
         let want = [-0.004050225f32, -0.15865526, 0.34573123, 1.9544997];
         for (&x, &w) in [-3.0f32, -1.0, 0.5, 2.0].iter().zip(&want) {
-            assert!((gelu_erf(x) - w).abs() <= 1e-6, "gelu_erf({x}) = {} want {w}", gelu_erf(x));
+            assert!(
+                (gelu_erf(x) - w).abs() <= 1e-6,
+                "gelu_erf({x}) = {} want {w}",
+                gelu_erf(x)
+            );
         }
     }
 
@@ -263,7 +281,11 @@ mod tests {
         for i in 0..6 {
             let (g, u) = (gate[i] as f64, up[i] as f64);
             let want = 4.0 * (g / 4.0).tanh() / (1.0 + (-g).exp()) * 25.0 * (u / 25.0).tanh();
-            assert!(close(out[i], want, 1e-6, 1e-12), "situ_glu[{i}] = {} want {want}", out[i]);
+            assert!(
+                close(out[i], want, 1e-6, 1e-12),
+                "situ_glu[{i}] = {} want {want}",
+                out[i]
+            );
         }
         assert!((out[4] - 4.0 * (0.75f32).tanh() * sigmoid(3.0) * -25.0).abs() < 1e-3);
     }

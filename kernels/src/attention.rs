@@ -50,12 +50,37 @@ impl AttnShape {
 /// Writes the K/V of `t` tokens at positions `start_pos..start_pos + t` into
 /// `layer` of the pool; `k` is `[t, kv_heads·head_dim]`, `v` is
 /// `[t, kv_heads·v_dim]`. The block table must already cover those positions.
-pub fn write_kv(pool: &mut KvPool, layer: usize, block_table: &[u32], start_pos: usize, k: &[f32], v: &[f32], shape: &AttnShape) {
-    let (kw, vw) = (shape.kv_heads * shape.head_dim, shape.kv_heads * shape.v_dim);
-    assert_eq!(pool.width, shape.row_width(), "write_kv: pool rows have {} values, shape needs {}", pool.width, shape.row_width());
+pub fn write_kv(
+    pool: &mut KvPool,
+    layer: usize,
+    block_table: &[u32],
+    start_pos: usize,
+    k: &[f32],
+    v: &[f32],
+    shape: &AttnShape,
+) {
+    let (kw, vw) = (
+        shape.kv_heads * shape.head_dim,
+        shape.kv_heads * shape.v_dim,
+    );
+    assert_eq!(
+        pool.width,
+        shape.row_width(),
+        "write_kv: pool rows have {} values, shape needs {}",
+        pool.width,
+        shape.row_width()
+    );
     let t = k.len().checked_div(kw).unwrap_or(0);
-    assert_eq!(k.len(), t * kw, "write_kv: k is not a whole number of tokens");
-    assert_eq!(v.len(), t * vw, "write_kv: v holds a different number of tokens than k");
+    assert_eq!(
+        k.len(),
+        t * kw,
+        "write_kv: k is not a whole number of tokens"
+    );
+    assert_eq!(
+        v.len(),
+        t * vw,
+        "write_kv: v holds a different number of tokens than k"
+    );
     assert!(
         block_table.len() * pool.page_size >= start_pos + t,
         "write_kv: block table covers {} positions, need {}",
@@ -88,11 +113,25 @@ pub fn paged_attention(
     let group = shape.group();
     let (hd, vd) = (shape.head_dim, shape.v_dim);
     let qw = shape.q_heads * hd;
-    assert_eq!(pool.width, shape.row_width(), "paged_attention: pool rows have {} values, shape needs {}", pool.width, shape.row_width());
+    assert_eq!(
+        pool.width,
+        shape.row_width(),
+        "paged_attention: pool rows have {} values, shape needs {}",
+        pool.width,
+        shape.row_width()
+    );
     assert!(qw > 0 && vd > 0, "paged_attention: empty heads");
     let t = q.len() / qw;
-    assert_eq!(q.len(), t * qw, "paged_attention: q is not a whole number of tokens");
-    assert_eq!(out.len(), t * shape.q_heads * vd, "paged_attention: out must be [t, q_heads·v_dim]");
+    assert_eq!(
+        q.len(),
+        t * qw,
+        "paged_attention: q is not a whole number of tokens"
+    );
+    assert_eq!(
+        out.len(),
+        t * shape.q_heads * vd,
+        "paged_attention: out must be [t, q_heads·v_dim]"
+    );
     assert!(
         block_table.len() * pool.page_size >= start_pos + t,
         "paged_attention: block table covers {} positions, need {}",
@@ -101,37 +140,40 @@ pub fn paged_attention(
     );
     let k_width = shape.kv_heads * hd;
 
-    out.par_chunks_mut(vd).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
-        let (i, h) = (idx / shape.q_heads, idx % shape.q_heads);
-        let kvh = h / group;
-        let qv = &q[i * qw + h * hd..i * qw + (h + 1) * hd];
-        let ctx = start_pos + i + 1;
-        scores.clear();
-        let mut max = f32::NEG_INFINITY;
-        for p in 0..ctx {
-            let row = pool.row(layer, block_table, p);
-            let s = dot_f32(qv, &row[kvh * hd..(kvh + 1) * hd]) * scale;
-            max = max.max(s);
-            scores.push(s);
-        }
-        let mut sum = 0.0f32;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        o.fill(0.0);
-        for (p, &w) in scores.iter().enumerate() {
-            let row = pool.row(layer, block_table, p);
-            let vv = &row[k_width + kvh * vd..k_width + (kvh + 1) * vd];
-            for (a, &b) in o.iter_mut().zip(vv) {
-                *a += w * b;
+    out.par_chunks_mut(vd).enumerate().for_each_init(
+        Vec::new,
+        |scores: &mut Vec<f32>, (idx, o)| {
+            let (i, h) = (idx / shape.q_heads, idx % shape.q_heads);
+            let kvh = h / group;
+            let qv = &q[i * qw + h * hd..i * qw + (h + 1) * hd];
+            let ctx = start_pos + i + 1;
+            scores.clear();
+            let mut max = f32::NEG_INFINITY;
+            for p in 0..ctx {
+                let row = pool.row(layer, block_table, p);
+                let s = dot_f32(qv, &row[kvh * hd..(kvh + 1) * hd]) * scale;
+                max = max.max(s);
+                scores.push(s);
             }
-        }
-        let inv = 1.0 / sum;
-        for a in o.iter_mut() {
-            *a *= inv;
-        }
-    });
+            let mut sum = 0.0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            o.fill(0.0);
+            for (p, &w) in scores.iter().enumerate() {
+                let row = pool.row(layer, block_table, p);
+                let vv = &row[k_width + kvh * vd..k_width + (kvh + 1) * vd];
+                for (a, &b) in o.iter_mut().zip(vv) {
+                    *a += w * b;
+                }
+            }
+            let inv = 1.0 / sum;
+            for a in o.iter_mut() {
+                *a *= inv;
+            }
+        },
+    );
 }
 
 /// Plain causal GQA attention on contiguous K/V, accumulated in f64 (the
@@ -141,14 +183,42 @@ pub fn paged_attention(
 /// `[t_kv, kv_heads·v_dim]`, `out` `[t_q, q_heads·v_dim]`; query `i` sees
 /// keys `0..=t_kv − t_q + i` (the queries are the last `t_q` positions).
 #[allow(clippy::too_many_arguments)]
-pub fn dense_attention(q: &[f32], k: &[f32], v: &[f32], t_q: usize, t_kv: usize, shape: &AttnShape, scale: f32, out: &mut [f32]) {
+pub fn dense_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    t_q: usize,
+    t_kv: usize,
+    shape: &AttnShape,
+    scale: f32,
+    out: &mut [f32],
+) {
     let group = shape.group();
     let (hd, vd, qh, kh) = (shape.head_dim, shape.v_dim, shape.q_heads, shape.kv_heads);
-    assert!(t_kv >= t_q, "dense_attention: {t_q} queries but only {t_kv} keys");
-    assert_eq!(q.len(), t_q * qh * hd, "dense_attention: q must be [t_q, q_heads·head_dim]");
-    assert_eq!(k.len(), t_kv * kh * hd, "dense_attention: k must be [t_kv, kv_heads·head_dim]");
-    assert_eq!(v.len(), t_kv * kh * vd, "dense_attention: v must be [t_kv, kv_heads·v_dim]");
-    assert_eq!(out.len(), t_q * qh * vd, "dense_attention: out must be [t_q, q_heads·v_dim]");
+    assert!(
+        t_kv >= t_q,
+        "dense_attention: {t_q} queries but only {t_kv} keys"
+    );
+    assert_eq!(
+        q.len(),
+        t_q * qh * hd,
+        "dense_attention: q must be [t_q, q_heads·head_dim]"
+    );
+    assert_eq!(
+        k.len(),
+        t_kv * kh * hd,
+        "dense_attention: k must be [t_kv, kv_heads·head_dim]"
+    );
+    assert_eq!(
+        v.len(),
+        t_kv * kh * vd,
+        "dense_attention: v must be [t_kv, kv_heads·v_dim]"
+    );
+    assert_eq!(
+        out.len(),
+        t_q * qh * vd,
+        "dense_attention: out must be [t_q, q_heads·v_dim]"
+    );
     for i in 0..t_q {
         let ctx = t_kv - t_q + i + 1;
         for h in 0..qh {
@@ -157,14 +227,20 @@ pub fn dense_attention(q: &[f32], k: &[f32], v: &[f32], t_q: usize, t_kv: usize,
             let scores: Vec<f64> = (0..ctx)
                 .map(|p| {
                     let kv = &k[(p * kh + kvh) * hd..(p * kh + kvh + 1) * hd];
-                    qv.iter().zip(kv).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale as f64
+                    qv.iter()
+                        .zip(kv)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum::<f64>()
+                        * scale as f64
                 })
                 .collect();
             let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
             let sum: f64 = weights.iter().sum();
             for d in 0..vd {
-                let acc: f64 = (0..ctx).map(|p| weights[p] * v[(p * kh + kvh) * vd + d] as f64).sum();
+                let acc: f64 = (0..ctx)
+                    .map(|p| weights[p] * v[(p * kh + kvh) * vd + d] as f64)
+                    .sum();
                 out[(i * qh + h) * vd + d] = (acc / sum) as f32;
             }
         }
@@ -199,12 +275,21 @@ mod tests {
         // page_size 3, a non-contiguous block table, GQA 6/2 heads, v_dim != head_dim.
         // Steps: prefill 5 tokens, a 3-token chunk, then 4 single-token decodes.
         // Tolerance 2e-5 absolute (f32 vs f64 on O(1) values).
-        let shape = AttnShape { q_heads: 6, kv_heads: 2, head_dim: 20, v_dim: 12 };
+        let shape = AttnShape {
+            q_heads: 6,
+            kv_heads: 2,
+            head_dim: 20,
+            v_dim: 12,
+        };
         let scale = 1.0 / (shape.head_dim as f32).sqrt() * 2.0;
         let mut pool = KvPool::new(2, 16, 3, shape.row_width());
         let table: Vec<u32> = vec![11, 2, 7, 0, 14, 5];
         let layer = 1;
-        let (kw, vw, qw) = (shape.kv_heads * shape.head_dim, shape.kv_heads * shape.v_dim, shape.q_heads * shape.head_dim);
+        let (kw, vw, qw) = (
+            shape.kv_heads * shape.head_dim,
+            shape.kv_heads * shape.v_dim,
+            shape.q_heads * shape.head_dim,
+        );
         let (mut all_k, mut all_v) = (Vec::new(), Vec::new());
         let mut pos = 0;
         for (step, &t) in [5usize, 3, 1, 1, 1, 1].iter().enumerate() {
@@ -231,12 +316,19 @@ mod tests {
         // 4 query heads on 2 kv heads: V of kv head 0 is all 1, of kv head 1
         // all 2, so heads 0–1 must output 1 and heads 2–3 output 2 exactly
         // (up to 1e-6: softmax weights sum to 1 in f32).
-        let shape = AttnShape { q_heads: 4, kv_heads: 2, head_dim: 8, v_dim: 8 };
+        let shape = AttnShape {
+            q_heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+            v_dim: 8,
+        };
         let mut pool = KvPool::new(1, 4, 2, shape.row_width());
         let table = vec![3u32, 1];
         let t = 3;
         let k = values(t * 16, 7);
-        let v: Vec<f32> = (0..t).flat_map(|_| [vec![1.0f32; 8], vec![2.0f32; 8]].concat()).collect();
+        let v: Vec<f32> = (0..t)
+            .flat_map(|_| [vec![1.0f32; 8], vec![2.0f32; 8]].concat())
+            .collect();
         write_kv(&mut pool, 0, &table, 0, &k, &v, &shape);
         let q = values(t * 32, 8);
         let mut out = vec![0.0; t * 32];
@@ -245,7 +337,10 @@ mod tests {
             for h in 0..4 {
                 let want = if h < 2 { 1.0 } else { 2.0 };
                 for d in 0..8 {
-                    assert!((out[(i * 4 + h) * 8 + d] - want).abs() < 1e-6, "token {i} head {h}");
+                    assert!(
+                        (out[(i * 4 + h) * 8 + d] - want).abs() < 1e-6,
+                        "token {i} head {h}"
+                    );
                 }
             }
         }
@@ -254,7 +349,12 @@ mod tests {
     #[test]
     fn first_query_sees_only_the_first_key() {
         // Causality: query 0 of a prefill returns V[0] whatever later keys hold.
-        let shape = AttnShape { q_heads: 1, kv_heads: 1, head_dim: 4, v_dim: 3 };
+        let shape = AttnShape {
+            q_heads: 1,
+            kv_heads: 1,
+            head_dim: 4,
+            v_dim: 3,
+        };
         let q = values(3 * 4, 1);
         let k = values(3 * 4, 2);
         let v = values(3 * 3, 3);
@@ -271,10 +371,23 @@ mod tests {
 
     #[test]
     fn large_scores_do_not_overflow() {
-        let shape = AttnShape { q_heads: 1, kv_heads: 1, head_dim: 2, v_dim: 1 };
+        let shape = AttnShape {
+            q_heads: 1,
+            kv_heads: 1,
+            head_dim: 2,
+            v_dim: 1,
+        };
         let mut pool = KvPool::new(1, 1, 4, shape.row_width());
         let table = vec![0u32];
-        write_kv(&mut pool, 0, &table, 0, &[100.0, 0.0, 90.0, 0.0], &[1.0, 3.0], &shape);
+        write_kv(
+            &mut pool,
+            0,
+            &table,
+            0,
+            &[100.0, 0.0, 90.0, 0.0],
+            &[1.0, 3.0],
+            &shape,
+        );
         let mut out = vec![0.0; 1];
         paged_attention(&[100.0, 0.0], &pool, 0, &table, 1, &shape, 1.0, &mut out);
         // Weight of the first key is 1 / (1 + e^-1000) = 1 in f32.

@@ -64,17 +64,28 @@ enum Isa {
 fn detected_isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Scalar
+        [Isa::Avx512, Isa::Avx2]
+            .into_iter()
+            .find(|&i| supported(i))
+            .unwrap_or(Isa::Scalar)
     })
+}
+
+/// Whether this CPU can run kernels of instruction set `isa`.
+fn supported(isa: Isa) -> bool {
+    match isa {
+        Isa::Scalar => true,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => is_x86_feature_detected!("avx512f"),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => false,
+    }
 }
 
 /// A weight element type the GEMV kernels can read.
@@ -185,7 +196,45 @@ fn bits_as<T: Elem>(w: &[u16]) -> &[T] {
 
 /// `out[n, rows] = x[n, cols] · wᵀ` for an f32 weight `w` `[rows, cols]`.
 pub fn matmul_f32(x: &[f32], n: usize, w: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
-    check_shapes("matmul_f32", x, n, w.len(), rows, cols, out);
+    let gemm = |o: &mut [f32]| gemm_f32(x, n, w, rows, cols, o);
+    matmul_with("matmul_f32", x, n, w, rows, cols, out, gemm);
+}
+
+/// `out[n, rows] = x[n, cols] · wᵀ` for a bf16 weight given as raw bits.
+pub fn matmul_bf16(x: &[f32], n: usize, w: &[u16], rows: usize, cols: usize, out: &mut [f32]) {
+    let gemm = |o: &mut [f32]| gemm_tiled(x, n, w, rows, cols, o, widen_bf16);
+    matmul_with(
+        "matmul_bf16",
+        x,
+        n,
+        bits_as::<Bf16>(w),
+        rows,
+        cols,
+        out,
+        gemm,
+    );
+}
+
+/// `out[n, rows] = x[n, cols] · wᵀ` for an IEEE half weight given as raw bits.
+pub fn matmul_f16(x: &[f32], n: usize, w: &[u16], rows: usize, cols: usize, out: &mut [f32]) {
+    let gemm = |o: &mut [f32]| gemm_tiled(x, n, w, rows, cols, o, widen_f16);
+    matmul_with("matmul_f16", x, n, bits_as::<F16>(w), rows, cols, out, gemm);
+}
+
+/// Shared front of the matmuls: shape checks, empty shapes, then GEMV for
+/// `n <= GEMV_MAX_N` or the dtype's GEMM path (`gemm`).
+#[allow(clippy::too_many_arguments)]
+fn matmul_with<E: Elem>(
+    op: &str,
+    x: &[f32],
+    n: usize,
+    w: &[E],
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+    gemm: impl FnOnce(&mut [f32]),
+) {
+    check_shapes(op, [x.len(), w.len(), out.len()], n, rows, cols);
     if n == 0 || rows == 0 {
         return;
     }
@@ -194,37 +243,7 @@ pub fn matmul_f32(x: &[f32], n: usize, w: &[f32], rows: usize, cols: usize, out:
     } else if n <= GEMV_MAX_N {
         gemv(detected_isa(), x, n, w, rows, cols, out);
     } else {
-        gemm_f32(x, n, w, rows, cols, out);
-    }
-}
-
-/// `out[n, rows] = x[n, cols] · wᵀ` for a bf16 weight given as raw bits.
-pub fn matmul_bf16(x: &[f32], n: usize, w: &[u16], rows: usize, cols: usize, out: &mut [f32]) {
-    check_shapes("matmul_bf16", x, n, w.len(), rows, cols, out);
-    if n == 0 || rows == 0 {
-        return;
-    }
-    if cols == 0 {
-        out.fill(0.0);
-    } else if n <= GEMV_MAX_N {
-        gemv(detected_isa(), x, n, bits_as::<Bf16>(w), rows, cols, out);
-    } else {
-        gemm_tiled(x, n, w, rows, cols, out, widen_bf16);
-    }
-}
-
-/// `out[n, rows] = x[n, cols] · wᵀ` for an IEEE half weight given as raw bits.
-pub fn matmul_f16(x: &[f32], n: usize, w: &[u16], rows: usize, cols: usize, out: &mut [f32]) {
-    check_shapes("matmul_f16", x, n, w.len(), rows, cols, out);
-    if n == 0 || rows == 0 {
-        return;
-    }
-    if cols == 0 {
-        out.fill(0.0);
-    } else if n <= GEMV_MAX_N {
-        gemv(detected_isa(), x, n, bits_as::<F16>(w), rows, cols, out);
-    } else {
-        gemm_tiled(x, n, w, rows, cols, out, widen_f16);
+        gemm(out);
     }
 }
 
@@ -236,35 +255,68 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 
 /// Scalar oracle for [`matmul_f32`]: f64 accumulation, rounded once.
 pub fn matmul_f32_ref(x: &[f32], n: usize, w: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
-    check_shapes("matmul_f32_ref", x, n, w.len(), rows, cols, out);
-    matmul_ref_generic(x, n, w, rows, cols, out);
+    check_shapes(
+        "matmul_f32_ref",
+        [x.len(), w.len(), out.len()],
+        n,
+        rows,
+        cols,
+    );
+    matmul_ref_any(x, n, w, rows, cols, out);
 }
 
 /// Scalar oracle for [`matmul_bf16`]: f64 accumulation, rounded once.
 pub fn matmul_bf16_ref(x: &[f32], n: usize, w: &[u16], rows: usize, cols: usize, out: &mut [f32]) {
-    check_shapes("matmul_bf16_ref", x, n, w.len(), rows, cols, out);
-    matmul_ref_generic(x, n, bits_as::<Bf16>(w), rows, cols, out);
+    check_shapes(
+        "matmul_bf16_ref",
+        [x.len(), w.len(), out.len()],
+        n,
+        rows,
+        cols,
+    );
+    matmul_ref_any(x, n, bits_as::<Bf16>(w), rows, cols, out);
 }
 
 /// Scalar oracle for [`matmul_f16`]: f64 accumulation, rounded once.
 pub fn matmul_f16_ref(x: &[f32], n: usize, w: &[u16], rows: usize, cols: usize, out: &mut [f32]) {
-    check_shapes("matmul_f16_ref", x, n, w.len(), rows, cols, out);
-    matmul_ref_generic(x, n, bits_as::<F16>(w), rows, cols, out);
+    check_shapes(
+        "matmul_f16_ref",
+        [x.len(), w.len(), out.len()],
+        n,
+        rows,
+        cols,
+    );
+    matmul_ref_any(x, n, bits_as::<F16>(w), rows, cols, out);
 }
 
-/// Panics with a readable message when buffer lengths do not match the shape.
-fn check_shapes(op: &str, x: &[f32], n: usize, w_len: usize, rows: usize, cols: usize, out: &[f32]) {
-    assert_eq!(x.len(), n * cols, "{op}: x has {} values, expected n·cols = {n}·{cols}", x.len());
-    assert_eq!(w_len, rows * cols, "{op}: w has {w_len} values, expected rows·cols = {rows}·{cols}");
-    assert_eq!(out.len(), n * rows, "{op}: out has {} values, expected n·rows = {n}·{rows}", out.len());
+/// Panics with a readable message unless the lengths of `[x, w, out]` are
+/// `[n·cols, rows·cols, n·rows]`.
+fn check_shapes(op: &str, lens: [usize; 3], n: usize, rows: usize, cols: usize) {
+    let want = [n * cols, rows * cols, n * rows];
+    assert_eq!(
+        lens, want,
+        "{op}: [x, w, out] lengths for n={n}, rows={rows}, cols={cols}"
+    );
 }
 
-fn matmul_ref_generic<E: Elem>(x: &[f32], n: usize, w: &[E], rows: usize, cols: usize, out: &mut [f32]) {
+/// The scalar oracle: f64 accumulation, rounded once per output.
+fn matmul_ref_any<E: Elem>(
+    x: &[f32],
+    n: usize,
+    w: &[E],
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+) {
     for i in 0..n {
         let xi = &x[i * cols..(i + 1) * cols];
         for r in 0..rows {
             let wr = &w[r * cols..(r + 1) * cols];
-            let s: f64 = xi.iter().zip(wr).map(|(&a, &b)| a as f64 * b.to_f32() as f64).sum();
+            let s: f64 = xi
+                .iter()
+                .zip(wr)
+                .map(|(&a, &b)| a as f64 * b.to_f32() as f64)
+                .sum();
             out[i * rows + r] = s as f32;
         }
     }
@@ -291,182 +343,192 @@ impl OutPtr {
     }
 }
 
+/// A block kernel: `res[r][j] = Σ_c w[r·cols + c] · x[j·cols + c]` for `R`
+/// weight rows and `N` inputs.
+type BlockFn<E, const N: usize, const R: usize> =
+    unsafe fn(*const f32, *const E, usize, &mut [[f32; N]; R]);
+
+/// One GEMV problem, shared by every row chunk.
+struct Gemv<'a, E> {
+    /// Input rows `[n, cols]`.
+    x: &'a [f32],
+    /// Weight `[rows, cols]`.
+    w: &'a [E],
+    /// Output features.
+    rows: usize,
+    /// Input features.
+    cols: usize,
+    /// `out[n, rows]`; each chunk writes its own rows.
+    out: OutPtr,
+}
+
 /// GEMV over all rows, split over the rayon pool when worth it.
-fn gemv<E: Elem>(isa: Isa, x: &[f32], n: usize, w: &[E], rows: usize, cols: usize, out: &mut [f32]) {
-    debug_assert!((1..=GEMV_MAX_N).contains(&n));
-    let ptr = OutPtr(out.as_mut_ptr());
-    let threads = rayon::current_num_threads();
-    if threads <= 1 || n * rows * cols < PAR_MIN_WORK || rows < 32 {
-        // SAFETY: shapes checked by the caller; one task writes everything.
-        unsafe { gemv_range(isa, x, n, w, rows, cols, 0, rows, ptr.get()) };
-        return;
-    }
-    let chunk = rows.div_ceil(threads * CHUNKS_PER_THREAD).next_multiple_of(16).max(16);
-    let chunks = rows.div_ceil(chunk);
-    (0..chunks).into_par_iter().for_each(|c| {
-        let r0 = c * chunk;
-        let r1 = (r0 + chunk).min(rows);
-        // SAFETY: chunks cover disjoint row ranges, so the writes are disjoint.
-        unsafe { gemv_range(isa, x, n, w, rows, cols, r0, r1, ptr.get()) };
-    });
-}
-
-/// Computes rows `r0..r1` of the output for all `n` inputs.
-///
-/// # Safety
-/// `out` points at `n·rows` writable values; `x`, `w` have the checked shapes.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemv_range<E: Elem>(isa: Isa, x: &[f32], n: usize, w: &[E], rows: usize, cols: usize, r0: usize, r1: usize, out: *mut f32) {
-    match n {
-        1 => gemv_range_n::<E, 1>(isa, x, w, rows, cols, r0, r1, out),
-        2 => gemv_range_n::<E, 2>(isa, x, w, rows, cols, r0, r1, out),
-        3 => gemv_range_n::<E, 3>(isa, x, w, rows, cols, r0, r1, out),
-        4 => gemv_range_n::<E, 4>(isa, x, w, rows, cols, r0, r1, out),
-        _ => unreachable!("GEMV serves 1..=GEMV_MAX_N inputs"),
-    }
-}
-
-/// Rows `r0..r1` for exactly `N` inputs, in blocks of `R` weight rows.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemv_range_n<E: Elem, const N: usize>(isa: Isa, x: &[f32], w: &[E], rows: usize, cols: usize, r0: usize, r1: usize, out: *mut f32) {
-    // 8 weight rows for one input (8 FMA chains); 4 rows for 2–4 inputs
-    // (8–16 chains, all within the 32 zmm / 16 ymm registers; AVX2 drops to
-    // 2 rows for 3–4 inputs so accumulators do not spill).
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => {
-            if N == 1 {
-                blocks::<E, N, 8>(x, w, rows, cols, r0, r1, out, |x, w, c, o| block_avx512::<E, N, 8>(x, w, c, o), |x, w, c, o| {
-                    block_avx512::<E, N, 1>(x, w, c, o)
-                })
-            } else {
-                blocks::<E, N, 4>(x, w, rows, cols, r0, r1, out, |x, w, c, o| block_avx512::<E, N, 4>(x, w, c, o), |x, w, c, o| {
-                    block_avx512::<E, N, 1>(x, w, c, o)
-                })
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            if N == 1 {
-                blocks::<E, N, 8>(x, w, rows, cols, r0, r1, out, |x, w, c, o| block_avx2::<E, N, 8>(x, w, c, o), |x, w, c, o| {
-                    block_avx2::<E, N, 1>(x, w, c, o)
-                })
-            } else if N == 2 {
-                blocks::<E, N, 4>(x, w, rows, cols, r0, r1, out, |x, w, c, o| block_avx2::<E, N, 4>(x, w, c, o), |x, w, c, o| {
-                    block_avx2::<E, N, 1>(x, w, c, o)
-                })
-            } else {
-                blocks::<E, N, 2>(x, w, rows, cols, r0, r1, out, |x, w, c, o| block_avx2::<E, N, 2>(x, w, c, o), |x, w, c, o| {
-                    block_avx2::<E, N, 1>(x, w, c, o)
-                })
-            }
-        }
-        _ => blocks::<E, N, 4>(x, w, rows, cols, r0, r1, out, |x, w, c, o| block_scalar::<E, N, 4>(x, w, c, o), |x, w, c, o| {
-            block_scalar::<E, N, 1>(x, w, c, o)
-        }),
-    }
-}
-
-/// Walks rows `r0..r1` in blocks of `R` (then single rows) and scatters each
-/// block's `[R][N]` results into `out[n, rows]`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn blocks<E: Elem, const N: usize, const R: usize>(
+fn gemv<E: Elem>(
+    isa: Isa,
     x: &[f32],
+    n: usize,
     w: &[E],
     rows: usize,
     cols: usize,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-    block: impl Fn(*const f32, *const E, usize, &mut [[f32; N]; R]),
-    single: impl Fn(*const f32, *const E, usize, &mut [[f32; N]; 1]),
+    out: &mut [f32],
 ) {
-    let mut r = r0;
-    let mut res = [[0.0f32; N]; R];
-    while r + R <= r1 {
-        block(x.as_ptr(), w.as_ptr().add(r * cols), cols, &mut res);
-        for (k, row) in res.iter().enumerate() {
-            for (j, &v) in row.iter().enumerate() {
-                *out.add(j * rows + r + k) = v;
-            }
-        }
-        r += R;
+    debug_assert!((1..=GEMV_MAX_N).contains(&n));
+    let g = Gemv {
+        x,
+        w,
+        rows,
+        cols,
+        out: OutPtr(out.as_mut_ptr()),
+    };
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || n * rows * cols < PAR_MIN_WORK || rows < 32 {
+        // SAFETY: shapes checked by the caller; one task writes everything.
+        unsafe { g.run(isa, n, 0, rows) };
+        return;
     }
-    let mut one = [[0.0f32; N]; 1];
-    while r < r1 {
-        single(x.as_ptr(), w.as_ptr().add(r * cols), cols, &mut one);
-        for (j, &v) in one[0].iter().enumerate() {
-            *out.add(j * rows + r) = v;
+    let chunk = rows
+        .div_ceil(threads * CHUNKS_PER_THREAD)
+        .next_multiple_of(16)
+        .max(16);
+    (0..rows.div_ceil(chunk)).into_par_iter().for_each(|c| {
+        // SAFETY: chunks cover disjoint row ranges, so the writes are disjoint.
+        unsafe { g.run(isa, n, c * chunk, ((c + 1) * chunk).min(rows)) };
+    });
+}
+
+impl<E: Elem> Gemv<'_, E> {
+    /// Output rows `r0..r1` for all `n` inputs.
+    ///
+    /// # Safety
+    /// `isa` is supported, `r1 <= rows`, the shapes were checked, and no
+    /// other task writes rows `r0..r1` meanwhile.
+    unsafe fn run(&self, isa: Isa, n: usize, r0: usize, r1: usize) {
+        match n {
+            1 => self.run_n::<1>(isa, r0, r1),
+            2 => self.run_n::<2>(isa, r0, r1),
+            3 => self.run_n::<3>(isa, r0, r1),
+            4 => self.run_n::<4>(isa, r0, r1),
+            _ => unreachable!("GEMV serves 1..=GEMV_MAX_N inputs"),
         }
-        r += 1;
+    }
+
+    /// [`Gemv::run`] for exactly `N` inputs. Blocks of 8 weight rows for one
+    /// input (8 FMA chains), 4 rows for 2–4 inputs (8–16 chains, within the
+    /// 32 zmm registers); AVX2 (16 ymm) drops to 2 rows for 3–4 inputs so the
+    /// accumulators do not spill.
+    ///
+    /// # Safety
+    /// As [`Gemv::run`].
+    unsafe fn run_n<const N: usize>(&self, isa: Isa, r0: usize, r1: usize) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 if N == 1 => {
+                self.walk::<N, 8>(r0, r1, block_avx512::<E, N, 8>, block_avx512::<E, N, 1>)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                self.walk::<N, 4>(r0, r1, block_avx512::<E, N, 4>, block_avx512::<E, N, 1>)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 if N == 1 => {
+                self.walk::<N, 8>(r0, r1, block_avx2::<E, N, 8>, block_avx2::<E, N, 1>)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 if N == 2 => {
+                self.walk::<N, 4>(r0, r1, block_avx2::<E, N, 4>, block_avx2::<E, N, 1>)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => self.walk::<N, 2>(r0, r1, block_avx2::<E, N, 2>, block_avx2::<E, N, 1>),
+            _ => self.walk::<N, 4>(r0, r1, block_scalar::<E, N, 4>, block_scalar::<E, N, 1>),
+        }
+    }
+
+    /// Walks rows `r0..r1` in blocks of `R` (then single rows) and scatters
+    /// each block's `[R][N]` results into `out[n, rows]`.
+    ///
+    /// # Safety
+    /// As [`Gemv::run`], and the kernels' instruction set is supported.
+    unsafe fn walk<const N: usize, const R: usize>(
+        &self,
+        r0: usize,
+        r1: usize,
+        block: BlockFn<E, N, R>,
+        single: BlockFn<E, N, 1>,
+    ) {
+        let (x, w, out, cols) = (self.x.as_ptr(), self.w.as_ptr(), self.out.get(), self.cols);
+        let mut r = r0;
+        let mut res = [[0.0f32; N]; R];
+        while r + R <= r1 {
+            block(x, w.add(r * cols), cols, &mut res);
+            for (k, row) in res.iter().enumerate() {
+                for (j, &v) in row.iter().enumerate() {
+                    *out.add(j * self.rows + r + k) = v;
+                }
+            }
+            r += R;
+        }
+        let mut one = [[0.0f32; N]; 1];
+        while r < r1 {
+            single(x, w.add(r * cols), cols, &mut one);
+            for (j, &v) in one[0].iter().enumerate() {
+                *out.add(j * self.rows + r) = v;
+            }
+            r += 1;
+        }
     }
 }
 
-/// `res[r][j] = Σ_c w[r·cols + c] · x[j·cols + c]` with AVX-512F.
-///
-/// # Safety
-/// AVX-512F is available; `x` has `N·cols` values, `w` has `R·cols`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn block_avx512<E: Elem, const N: usize, const R: usize>(x: *const f32, w: *const E, cols: usize, res: &mut [[f32; N]; R]) {
-    let mut acc = [[_mm512_setzero_ps(); N]; R];
-    let mut c = 0;
-    while c + 16 <= cols {
-        let mut xv = [_mm512_setzero_ps(); N];
-        for (j, v) in xv.iter_mut().enumerate() {
-            *v = _mm512_loadu_ps(x.add(j * cols + c));
-        }
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let wv = E::load16(w.add(r * cols + c));
-            for (a, &xj) in acc_r.iter_mut().zip(&xv) {
-                *a = _mm512_fmadd_ps(wv, xj, *a);
+/// Defines the block kernel of one x86 instruction set (AVX-512 and AVX2
+/// differ only in width and intrinsics):
+/// `res[r][j] = Σ_c w[r·cols + c] · x[j·cols + c]`, one accumulator per
+/// (row, input) pair, a scalar loop for the last `cols % lanes` values.
+macro_rules! block_kernel {
+    ($name:ident, $feat:literal, $lanes:literal, $zero:ident, $loadx:ident, $loadw:ident, $fma:ident, $hsum:ident) => {
+        #[doc = concat!("Block kernel with `", $feat, "`, ", stringify!($lanes), " lanes.")]
+        ///
+        /// # Safety
+        /// The features are available; `x` has `N·cols` values, `w` has `R·cols`.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name<E: Elem, const N: usize, const R: usize>(
+            x: *const f32,
+            w: *const E,
+            cols: usize,
+            res: &mut [[f32; N]; R],
+        ) {
+            let mut acc = [[$zero(); N]; R];
+            let mut c = 0;
+            while c + $lanes <= cols {
+                let mut xv = [$zero(); N];
+                for (j, v) in xv.iter_mut().enumerate() {
+                    *v = $loadx(x.add(j * cols + c));
+                }
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let wv = E::$loadw(w.add(r * cols + c));
+                    for (a, &xj) in acc_r.iter_mut().zip(&xv) {
+                        *a = $fma(wv, xj, *a);
+                    }
+                }
+                c += $lanes;
+            }
+            for (r, row) in res.iter_mut().enumerate() {
+                for (j, v) in row.iter_mut().enumerate() {
+                    let mut s = $hsum(acc[r][j]);
+                    for cc in c..cols {
+                        s += (*w.add(r * cols + cc)).to_f32() * *x.add(j * cols + cc);
+                    }
+                    *v = s;
+                }
             }
         }
-        c += 16;
-    }
-    for (r, row) in res.iter_mut().enumerate() {
-        for (j, v) in row.iter_mut().enumerate() {
-            let mut s = _mm512_reduce_add_ps(acc[r][j]);
-            for cc in c..cols {
-                s += (*w.add(r * cols + cc)).to_f32() * *x.add(j * cols + cc);
-            }
-            *v = s;
-        }
-    }
+    };
 }
 
-/// `res[r][j] = Σ_c w[r·cols + c] · x[j·cols + c]` with AVX2 + FMA.
-///
-/// # Safety
-/// AVX2, FMA and F16C are available; `x` has `N·cols` values, `w` has `R·cols`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block_avx2<E: Elem, const N: usize, const R: usize>(x: *const f32, w: *const E, cols: usize, res: &mut [[f32; N]; R]) {
-    let mut acc = [[_mm256_setzero_ps(); N]; R];
-    let mut c = 0;
-    while c + 8 <= cols {
-        let mut xv = [_mm256_setzero_ps(); N];
-        for (j, v) in xv.iter_mut().enumerate() {
-            *v = _mm256_loadu_ps(x.add(j * cols + c));
-        }
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let wv = E::load8(w.add(r * cols + c));
-            for (a, &xj) in acc_r.iter_mut().zip(&xv) {
-                *a = _mm256_fmadd_ps(wv, xj, *a);
-            }
-        }
-        c += 8;
-    }
-    for (r, row) in res.iter_mut().enumerate() {
-        for (j, v) in row.iter_mut().enumerate() {
-            let mut s = hsum256(acc[r][j]);
-            for cc in c..cols {
-                s += (*w.add(r * cols + cc)).to_f32() * *x.add(j * cols + cc);
-            }
-            *v = s;
-        }
-    }
+block_kernel! {
+    block_avx512, "avx512f", 16, _mm512_setzero_ps, _mm512_loadu_ps, load16, _mm512_fmadd_ps, _mm512_reduce_add_ps
+}
+block_kernel! {
+    block_avx2, "avx2,fma,f16c", 8, _mm256_setzero_ps, _mm256_loadu_ps, load8, _mm256_fmadd_ps, hsum256
 }
 
 /// Horizontal sum of 8 lanes.
@@ -484,7 +546,12 @@ unsafe fn hsum256(v: __m256) -> f32 {
 ///
 /// # Safety
 /// `x` has `N·cols` values, `w` has `R·cols`.
-unsafe fn block_scalar<E: Elem, const N: usize, const R: usize>(x: *const f32, w: *const E, cols: usize, res: &mut [[f32; N]; R]) {
+unsafe fn block_scalar<E: Elem, const N: usize, const R: usize>(
+    x: *const f32,
+    w: *const E,
+    cols: usize,
+    res: &mut [[f32; N]; R],
+) {
     let xs = std::slice::from_raw_parts(x, N * cols);
     let ws = std::slice::from_raw_parts(w, R * cols);
     for (r, row) in res.iter_mut().enumerate() {
@@ -521,58 +588,47 @@ fn dot_with(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
-/// AVX-512 dot product with 4 accumulators (64 values per step).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    let mut acc = [_mm512_setzero_ps(); 4];
-    let mut i = 0;
-    while i + 64 <= n {
-        for (k, s) in acc.iter_mut().enumerate() {
-            *s = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i + 16 * k)), _mm512_loadu_ps(pb.add(i + 16 * k)), *s);
+/// Defines the dot product of one x86 instruction set: 4 accumulators
+/// (4·lanes values per step), then single vectors, then a scalar tail.
+macro_rules! dot_kernel {
+    ($name:ident, $feat:literal, $lanes:literal, $zero:ident, $load:ident, $fma:ident, $add:ident, $hsum:ident) => {
+        #[doc = concat!("Dot product with `", $feat, "`, ", stringify!($lanes), " lanes.")]
+        ///
+        /// # Safety
+        /// The features are available.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(a: &[f32], b: &[f32]) -> f32 {
+            let n = a.len().min(b.len());
+            let (pa, pb) = (a.as_ptr(), b.as_ptr());
+            let mut acc = [$zero(); 4];
+            let mut i = 0;
+            while i + 4 * $lanes <= n {
+                for (k, s) in acc.iter_mut().enumerate() {
+                    let o = i + $lanes * k;
+                    *s = $fma($load(pa.add(o)), $load(pb.add(o)), *s);
+                }
+                i += 4 * $lanes;
+            }
+            while i + $lanes <= n {
+                acc[0] = $fma($load(pa.add(i)), $load(pb.add(i)), acc[0]);
+                i += $lanes;
+            }
+            let mut s = $hsum($add($add(acc[0], acc[1]), $add(acc[2], acc[3])));
+            while i < n {
+                s += *pa.add(i) * *pb.add(i);
+                i += 1;
+            }
+            s
         }
-        i += 64;
-    }
-    while i + 16 <= n {
-        acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), acc[0]);
-        i += 16;
-    }
-    let v = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-    let mut s = _mm512_reduce_add_ps(v);
-    while i < n {
-        s += *pa.add(i) * *pb.add(i);
-        i += 1;
-    }
-    s
+    };
 }
 
-/// AVX2 dot product with 4 accumulators (32 values per step).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    while i + 32 <= n {
-        for (k, s) in acc.iter_mut().enumerate() {
-            *s = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8 * k)), _mm256_loadu_ps(pb.add(i + 8 * k)), *s);
-        }
-        i += 32;
-    }
-    while i + 8 <= n {
-        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc[0]);
-        i += 8;
-    }
-    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut s = hsum256(v);
-    while i < n {
-        s += *pa.add(i) * *pb.add(i);
-        i += 1;
-    }
-    s
+dot_kernel! {
+    dot_avx512, "avx512f", 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_reduce_add_ps
+}
+dot_kernel! {
+    dot_avx2, "avx2,fma", 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_fmadd_ps, _mm256_add_ps, hsum256
 }
 
 /// Portable dot product with 8 partial sums (auto-vectorisable).
@@ -596,14 +652,6 @@ fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
 // GEMM
 // ---------------------------------------------------------------------------
 
-/// The `gemm` crate's threading setting for the current rayon pool.
-fn pool_parallelism() -> gemm::Parallelism {
-    match rayon::current_num_threads() {
-        0 | 1 => gemm::Parallelism::None,
-        t => gemm::Parallelism::Rayon(t),
-    }
-}
-
 /// Runs `gemm` for `out[:, col0..col0+m] = x · wᵀ` where `w` is `[m, cols]` f32
 /// and `out` rows are `out_stride` apart.
 ///
@@ -612,7 +660,16 @@ fn pool_parallelism() -> gemm::Parallelism {
 /// whose columns `col0..col0+m` no other thread writes meanwhile; `x` is
 /// `[n, cols]`, `w` is `[m, cols]`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_into(x: &[f32], n: usize, w: &[f32], m: usize, cols: usize, out: *mut f32, out_stride: usize, par: gemm::Parallelism) {
+unsafe fn gemm_into(
+    x: &[f32],
+    n: usize,
+    w: &[f32],
+    m: usize,
+    cols: usize,
+    out: *mut f32,
+    out_stride: usize,
+    par: gemm::Parallelism,
+) {
     debug_assert!(x.len() >= n * cols && w.len() >= m * cols);
     // dst (i, j) = out[i·stride + j]; lhs (i, p) = x[i·cols + p];
     // rhs (p, j) = w[j·cols + p], i.e. Wᵀ read in place.
@@ -641,8 +698,12 @@ unsafe fn gemm_into(x: &[f32], n: usize, w: &[f32], m: usize, cols: usize, out: 
 
 /// f32 GEMM through the `gemm` crate, threaded over the rayon pool.
 fn gemm_f32(x: &[f32], n: usize, w: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+    let par = match rayon::current_num_threads() {
+        0 | 1 => gemm::Parallelism::None,
+        t => gemm::Parallelism::Rayon(t),
+    };
     // SAFETY: shapes checked by the caller; the single call owns `out`.
-    unsafe { gemm_into(x, n, w, rows, cols, out.as_mut_ptr(), rows, pool_parallelism()) };
+    unsafe { gemm_into(x, n, w, rows, cols, out.as_mut_ptr(), rows, par) };
 }
 
 /// Widens bf16 bits into f32 (a shift per value; auto-vectorised).
@@ -654,7 +715,8 @@ fn widen_bf16(src: &[u16], dst: &mut [f32]) {
 
 /// Widens IEEE half bits into f32 (`half` uses F16C when the CPU has it).
 fn widen_f16(src: &[u16], dst: &mut [f32]) {
-    src.reinterpret_cast::<half::f16>().convert_to_f32_slice(dst);
+    src.reinterpret_cast::<half::f16>()
+        .convert_to_f32_slice(dst);
 }
 
 thread_local! {
@@ -673,7 +735,15 @@ fn tile_rows(rows: usize, cols: usize, threads: usize) -> usize {
 
 /// GEMM for 16-bit weights: widen one row tile at a time into per-thread
 /// scratch and run single-threaded `gemm` on it; tiles run in parallel.
-fn gemm_tiled(x: &[f32], n: usize, w: &[u16], rows: usize, cols: usize, out: &mut [f32], widen: fn(&[u16], &mut [f32])) {
+fn gemm_tiled(
+    x: &[f32],
+    n: usize,
+    w: &[u16],
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+    widen: fn(&[u16], &mut [f32]),
+) {
     let threads = rayon::current_num_threads();
     let tile = tile_rows(rows, cols, threads);
     let tiles = rows.div_ceil(tile);
@@ -690,7 +760,18 @@ fn gemm_tiled(x: &[f32], n: usize, w: &[u16], rows: usize, cols: usize, out: &mu
             widen(&w[r0 * cols..(r0 + m) * cols], scratch);
             // SAFETY: tile `t` owns output columns r0..r0+m; `gemm` runs
             // single-threaded here, so the RefCell borrow is not re-entered.
-            unsafe { gemm_into(x, n, scratch, m, cols, ptr.get().add(r0), rows, gemm::Parallelism::None) };
+            unsafe {
+                gemm_into(
+                    x,
+                    n,
+                    scratch,
+                    m,
+                    cols,
+                    ptr.get().add(r0),
+                    rows,
+                    gemm::Parallelism::None,
+                )
+            };
         });
     };
     if threads <= 1 || tiles == 1 {
@@ -725,8 +806,9 @@ mod tests {
         let mut out = vec![0.0; n * rows];
         for i in 0..n {
             for r in 0..rows {
-                out[i * rows + r] =
-                    (0..cols).map(|c| (x[i * cols + c] as f64 * w[r * cols + c].to_f32() as f64).abs()).sum::<f64>() as f32;
+                out[i * rows + r] = (0..cols)
+                    .map(|c| (x[i * cols + c] as f64 * w[r * cols + c].to_f32() as f64).abs())
+                    .sum::<f64>() as f32;
             }
         }
         out
@@ -736,80 +818,70 @@ mod tests {
     fn assert_close(got: &[f32], want: &[f32], scale: &[f32], rel: f32, what: &str) {
         assert_eq!(got.len(), want.len());
         for (k, ((&g, &r), &s)) in got.iter().zip(want).zip(scale).enumerate() {
-            assert!((g - r).abs() <= rel * s + 1e-30, "{what}: element {k}: got {g}, want {r} (scale {s})");
+            assert!(
+                (g - r).abs() <= rel * s + 1e-30,
+                "{what}: element {k}: got {g}, want {r} (scale {s})"
+            );
         }
     }
 
     fn isas() -> Vec<Isa> {
-        let mut v = vec![Isa::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-                v.push(Isa::Avx2);
-            }
-            if is_x86_feature_detected!("avx512f") {
-                v.push(Isa::Avx512);
-            }
-        }
-        v
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|&i| supported(i))
+            .collect()
     }
 
     const SHAPES: &[(usize, usize)] = &[(1, 1), (5, 19), (37, 16), (301, 257), (130, 1000)];
 
-    #[test]
-    fn every_gemv_path_matches_f64_reference_f32_weights() {
-        // Tolerance: 1e-5 relative to Σ|x·w| (f32 accumulation vs f64).
+    fn to_bf16(v: &[f32]) -> Vec<u16> {
+        v.iter().map(|&x| f32_to_bf16(x)).collect()
+    }
+
+    fn to_f16(v: &[f32]) -> Vec<u16> {
+        v.iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect()
+    }
+
+    /// Runs every available GEMV instruction set for n = 1..=4 on every
+    /// shape and compares with the f64 reference: 1e-5 relative to Σ|x·w|
+    /// (f32 accumulation vs f64; widening bf16/f16 is exact).
+    fn check_every_gemv_path<E: Elem>(label: &str, make_w: impl Fn(usize) -> Vec<E>) {
         for &(rows, cols) in SHAPES {
-            let w = random_vec(rows * cols, 1);
+            let w = make_w(rows * cols);
             for n in 1..=GEMV_MAX_N {
                 let x = random_vec(n * cols, 2 + n as u64);
                 let mut want = vec![0.0; n * rows];
-                matmul_f32_ref(&x, n, &w, rows, cols, &mut want);
+                matmul_ref_any(&x, n, &w, rows, cols, &mut want);
                 let scale = abs_scale(&x, n, &w, rows, cols);
                 for isa in isas() {
                     let mut got = vec![f32::NAN; n * rows];
                     gemv(isa, &x, n, &w, rows, cols, &mut got);
-                    assert_close(&got, &want, &scale, 1e-5, &format!("f32 {isa:?} n={n} [{rows}x{cols}]"));
+                    let what = format!("{label} {isa:?} n={n} [{rows}x{cols}]");
+                    assert_close(&got, &want, &scale, 1e-5, &what);
                 }
             }
         }
+    }
+
+    #[test]
+    fn every_gemv_path_matches_f64_reference_f32_weights() {
+        check_every_gemv_path("f32", |len| random_vec(len, 1));
     }
 
     #[test]
     fn every_gemv_path_matches_f64_reference_bf16_weights() {
-        // Widening is exact, so the same 1e-5 relative tolerance applies.
-        for &(rows, cols) in SHAPES {
-            let w: Vec<u16> = random_vec(rows * cols, 3).iter().map(|&v| f32_to_bf16(v)).collect();
-            for n in 1..=GEMV_MAX_N {
-                let x = random_vec(n * cols, 4 + n as u64);
-                let mut want = vec![0.0; n * rows];
-                matmul_bf16_ref(&x, n, &w, rows, cols, &mut want);
-                let scale = abs_scale(&x, n, bits_as::<Bf16>(&w), rows, cols);
-                for isa in isas() {
-                    let mut got = vec![f32::NAN; n * rows];
-                    gemv(isa, &x, n, bits_as::<Bf16>(&w), rows, cols, &mut got);
-                    assert_close(&got, &want, &scale, 1e-5, &format!("bf16 {isa:?} n={n} [{rows}x{cols}]"));
-                }
-            }
-        }
+        check_every_gemv_path("bf16", |len| {
+            to_bf16(&random_vec(len, 3)).into_iter().map(Bf16).collect()
+        });
     }
 
     #[test]
     fn every_gemv_path_matches_f64_reference_f16_weights() {
-        for &(rows, cols) in SHAPES {
-            let w: Vec<u16> = random_vec(rows * cols, 5).iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
-            for n in 1..=GEMV_MAX_N {
-                let x = random_vec(n * cols, 6 + n as u64);
-                let mut want = vec![0.0; n * rows];
-                matmul_f16_ref(&x, n, &w, rows, cols, &mut want);
-                let scale = abs_scale(&x, n, bits_as::<F16>(&w), rows, cols);
-                for isa in isas() {
-                    let mut got = vec![f32::NAN; n * rows];
-                    gemv(isa, &x, n, bits_as::<F16>(&w), rows, cols, &mut got);
-                    assert_close(&got, &want, &scale, 1e-5, &format!("f16 {isa:?} n={n} [{rows}x{cols}]"));
-                }
-            }
-        }
+        check_every_gemv_path("f16", |len| {
+            to_f16(&random_vec(len, 5)).into_iter().map(F16).collect()
+        });
     }
 
     #[test]
@@ -817,27 +889,43 @@ mod tests {
         // n in {1,2,3,7,33}: 1–3 take the GEMV path, 7 and 33 the GEMM path
         // (bf16/f16 with several row tiles, the last one partial).
         // Tolerance 1e-5 relative to Σ|x·w|.
+        type Matmul = fn(&[f32], usize, &[u16], usize, usize, &mut [f32]);
         for &(rows, cols) in &[(5usize, 19usize), (301, 257), (333, 70)] {
             let wf = random_vec(rows * cols, 7);
-            let wb: Vec<u16> = wf.iter().map(|&v| f32_to_bf16(v)).collect();
-            let wh: Vec<u16> = wf.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+            let (wb, wh) = (to_bf16(&wf), to_f16(&wf));
             for &n in &[1usize, 2, 3, 7, 33] {
                 let x = random_vec(n * cols, 8 + n as u64);
                 let (mut want, mut got) = (vec![0.0; n * rows], vec![f32::NAN; n * rows]);
-
                 matmul_f32_ref(&x, n, &wf, rows, cols, &mut want);
                 matmul_f32(&x, n, &wf, rows, cols, &mut got);
-                assert_close(&got, &want, &abs_scale(&x, n, &wf, rows, cols), 1e-5, &format!("f32 n={n} [{rows}x{cols}]"));
-
-                matmul_bf16_ref(&x, n, &wb, rows, cols, &mut want);
-                matmul_bf16(&x, n, &wb, rows, cols, &mut got);
-                let scale = abs_scale(&x, n, bits_as::<Bf16>(&wb), rows, cols);
-                assert_close(&got, &want, &scale, 1e-5, &format!("bf16 n={n} [{rows}x{cols}]"));
-
-                matmul_f16_ref(&x, n, &wh, rows, cols, &mut want);
-                matmul_f16(&x, n, &wh, rows, cols, &mut got);
-                let scale = abs_scale(&x, n, bits_as::<F16>(&wh), rows, cols);
-                assert_close(&got, &want, &scale, 1e-5, &format!("f16 n={n} [{rows}x{cols}]"));
+                let scale = abs_scale(&x, n, &wf, rows, cols);
+                assert_close(
+                    &got,
+                    &want,
+                    &scale,
+                    1e-5,
+                    &format!("f32 n={n} [{rows}x{cols}]"),
+                );
+                let cases: [(&str, &[u16], Matmul, Matmul); 2] = [
+                    ("bf16", &wb, matmul_bf16, matmul_bf16_ref),
+                    ("f16", &wh, matmul_f16, matmul_f16_ref),
+                ];
+                for (label, w, fast, oracle) in cases {
+                    oracle(&x, n, w, rows, cols, &mut want);
+                    fast(&x, n, w, rows, cols, &mut got);
+                    let scale = if label == "bf16" {
+                        abs_scale(&x, n, bits_as::<Bf16>(w), rows, cols)
+                    } else {
+                        abs_scale(&x, n, bits_as::<F16>(w), rows, cols)
+                    };
+                    assert_close(
+                        &got,
+                        &want,
+                        &scale,
+                        1e-5,
+                        &format!("{label} n={n} [{rows}x{cols}]"),
+                    );
+                }
             }
         }
     }
@@ -846,14 +934,23 @@ mod tests {
     fn bf16_gemv_agrees_with_f32_gemv_on_widened_weights() {
         // Same values, same kernel structure: agreement within 1e-6 of Σ|x·w|.
         let (rows, cols) = (777, 333);
-        let wb: Vec<u16> = random_vec(rows * cols, 9).iter().map(|&v| f32_to_bf16(v)).collect();
+        let wb: Vec<u16> = random_vec(rows * cols, 9)
+            .iter()
+            .map(|&v| f32_to_bf16(v))
+            .collect();
         let wf: Vec<f32> = wb.iter().map(|&b| crate::dtype::bf16_to_f32(b)).collect();
         for n in 1..=GEMV_MAX_N {
             let x = random_vec(n * cols, 10);
             let (mut a, mut b) = (vec![0.0; n * rows], vec![0.0; n * rows]);
             matmul_bf16(&x, n, &wb, rows, cols, &mut a);
             matmul_f32(&x, n, &wf, rows, cols, &mut b);
-            assert_close(&a, &b, &abs_scale(&x, n, &wf, rows, cols), 1e-6, &format!("n={n}"));
+            assert_close(
+                &a,
+                &b,
+                &abs_scale(&x, n, &wf, rows, cols),
+                1e-6,
+                &format!("n={n}"),
+            );
         }
     }
 
@@ -864,10 +961,17 @@ mod tests {
             let a = random_vec(len, 11);
             let b = random_vec(len, 12);
             let want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
-            let scale: f64 = a.iter().zip(&b).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum();
+            let scale: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(&x, &y)| (x as f64 * y as f64).abs())
+                .sum();
             for isa in isas() {
                 let got = dot_with(isa, &a, &b) as f64;
-                assert!((got - want).abs() <= 1e-5 * scale + 1e-30, "{isa:?} len {len}: {got} vs {want}");
+                assert!(
+                    (got - want).abs() <= 1e-5 * scale + 1e-30,
+                    "{isa:?} len {len}: {got} vs {want}"
+                );
             }
             assert!((dot_f32(&a, &b) as f64 - want).abs() <= 1e-5 * scale + 1e-30);
         }

@@ -51,7 +51,11 @@ fn rms_inv(row: &[f32], eps: f32) -> f32 {
 /// Panics unless `len` is a whole number of rows of `width`.
 fn check_rows(op: &str, len: usize, width: usize) {
     assert!(width > 0, "{op}: row width must be positive");
-    assert_eq!(len % width, 0, "{op}: {len} values are not a whole number of rows of {width}");
+    assert_eq!(
+        len % width,
+        0,
+        "{op}: {len} values are not a whole number of rows of {width}"
+    );
 }
 
 /// RMSNorm: `out = x / sqrt(mean(x²) + eps) · weight` per row of
@@ -87,7 +91,11 @@ pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
 pub fn rms_norm_gated_sigmoid(x: &mut [f32], gate: &[f32], weight: &[f32], eps: f32) {
     let w = weight.len();
     check_rows("rms_norm_gated_sigmoid", x.len(), w);
-    assert_eq!(x.len(), gate.len(), "rms_norm_gated_sigmoid: gate length differs from x");
+    assert_eq!(
+        x.len(),
+        gate.len(),
+        "rms_norm_gated_sigmoid: gate length differs from x"
+    );
     for (row, gr) in x.chunks_exact_mut(w).zip(gate.chunks_exact(w)) {
         let inv = rms_inv(row, eps);
         for ((v, &g), &z) in row.iter_mut().zip(weight).zip(gr) {
@@ -166,7 +174,10 @@ mod tests {
     /// Relative 2e-6 (plus 1e-7 absolute) vs f64: a few f32 roundings.
     fn assert_close(got: &[f32], want: &[f64]) {
         for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-            assert!((g as f64 - w).abs() <= 2e-6 * w.abs() + 1e-7, "{i}: {g} vs {w}");
+            assert!(
+                (g as f64 - w).abs() <= 2e-6 * w.abs() + 1e-7,
+                "{i}: {g} vs {w}"
+            );
         }
     }
 
@@ -228,15 +239,22 @@ mod tests {
             let mut want = Vec::new();
             for row in x.chunks(width) {
                 let mean = row.iter().map(|&v| v as f64).sum::<f64>() / width as f64;
-                let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / width as f64;
+                let var =
+                    row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / width as f64;
                 let inv = 1.0 / (var + 1e-5).sqrt();
                 for j in 0..width {
-                    want.push((row[j] as f64 - mean) * inv * w[j] as f64 + bias.map_or(0.0, |b| b[j] as f64));
+                    want.push(
+                        (row[j] as f64 - mean) * inv * w[j] as f64
+                            + bias.map_or(0.0, |b| b[j] as f64),
+                    );
                 }
             }
             // The +100 offset costs ~100·2^-24 absolute on the centred values.
             for (i, (&g, &wv)) in out.iter().zip(&want).enumerate() {
-                assert!((g as f64 - wv).abs() <= 2e-5 * wv.abs().max(1.0), "{i}: {g} vs {wv}");
+                assert!(
+                    (g as f64 - wv).abs() <= 2e-5 * wv.abs().max(1.0),
+                    "{i}: {g} vs {wv}"
+                );
             }
         }
     }

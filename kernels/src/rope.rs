@@ -117,7 +117,10 @@ impl Rope {
     /// Frequencies for `dim` rotated values per head (even), base `theta`
     /// (`rope_theta`), and the given scaling.
     pub fn new(dim: usize, theta: f32, scaling: &RopeScaling) -> Rope {
-        assert!(dim >= 2 && dim.is_multiple_of(2), "rope dim must be even and positive, got {dim}");
+        assert!(
+            dim >= 2 && dim.is_multiple_of(2),
+            "rope dim must be even and positive, got {dim}"
+        );
         let half = dim / 2;
         let pf = pos_freqs(dim, theta);
         // torch: `1.0 / t` is `t.reciprocal() * 1.0`.
@@ -147,8 +150,16 @@ impl Rope {
                     },
                 };
                 // HF: `beta_fast or 32`, `beta_slow or 1`.
-                let beta_fast = if beta_fast == 0.0 { 32.0 } else { beta_fast as f64 };
-                let beta_slow = if beta_slow == 0.0 { 1.0 } else { beta_slow as f64 };
+                let beta_fast = if beta_fast == 0.0 {
+                    32.0
+                } else {
+                    beta_fast as f64
+                };
+                let beta_slow = if beta_slow == 0.0 {
+                    1.0
+                } else {
+                    beta_slow as f64
+                };
                 let orig = original_max_position_embeddings as f64;
                 let mut low = correction_dim(beta_fast, dim, theta as f64, orig);
                 let mut high = correction_dim(beta_slow, dim, theta as f64, orig);
@@ -169,12 +180,18 @@ impl Rope {
                     .map(|i| {
                         let ramp = ((i as f32 - low32) / width32).clamp(0.0, 1.0);
                         let extrapolation_factor = 1.0 - ramp;
-                        interp[i] * (1.0 - extrapolation_factor) + base_inv[i] * extrapolation_factor
+                        interp[i] * (1.0 - extrapolation_factor)
+                            + base_inv[i] * extrapolation_factor
                     })
                     .collect();
                 (inv, af as f32)
             }
-            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
                 let old_ctx = original_max_position_embeddings as f64;
                 let low_wavelen = (old_ctx / low_freq_factor as f64) as f32;
                 let high_wavelen = (old_ctx / high_freq_factor as f64) as f32;
@@ -189,7 +206,8 @@ impl Rope {
                         // HF: `~(wavelen < high) * ~(wavelen > low)`; wavelengths are finite.
                         let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
                         if medium {
-                            let smooth = ((1.0 / wavelen) * old_ctx as f32 - low_freq_factor) / span;
+                            let smooth =
+                                ((1.0 / wavelen) * old_ctx as f32 - low_freq_factor) / span;
                             (1.0 - smooth) * scaled / factor + smooth * scaled
                         } else {
                             scaled
@@ -199,14 +217,21 @@ impl Rope {
                 (inv, 1.0)
             }
         };
-        Rope { dim, inv_freq, attention_factor }
+        Rope {
+            dim,
+            inv_freq,
+            attention_factor,
+        }
     }
 
     /// The `dim/2` cos and sin values at position `pos`, already multiplied
     /// by `attention_factor` (angles `(pos as f32)·inv_freq` in f32).
     pub fn cos_sin(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
         let half = self.dim / 2;
-        assert!(cos.len() >= half && sin.len() >= half, "cos_sin: tables need dim/2 = {half} values");
+        assert!(
+            cos.len() >= half && sin.len() >= half,
+            "cos_sin: tables need dim/2 = {half} values"
+        );
         let p = pos as f32;
         for (j, &f) in self.inv_freq.iter().enumerate() {
             let angle = (p * f) as f64;
@@ -218,31 +243,59 @@ impl Rope {
     /// Rotates `x` `[t, heads·head_stride]` in place, Llama `rotate_half`
     /// convention: inside each head the `dim` values starting at `offset`
     /// form pairs `(j, j + dim/2)` rotated by `positions[token]·inv_freq[j]`.
-    pub fn apply_rotate_half(&self, x: &mut [f32], positions: &[usize], heads: usize, head_stride: usize, offset: usize) {
+    pub fn apply_rotate_half(
+        &self,
+        x: &mut [f32],
+        positions: &[usize],
+        heads: usize,
+        head_stride: usize,
+        offset: usize,
+    ) {
         let half = self.dim / 2;
-        self.apply(x, positions, heads, head_stride, offset, |head, cos, sin| {
-            let (a, b) = head.split_at_mut(half);
-            for j in 0..half {
-                let (x1, x2) = (a[j], b[j]);
-                // HF: q·cos + rotate_half(q)·sin, rotate_half(q) = [-x2, x1].
-                a[j] = x1 * cos[j] - x2 * sin[j];
-                b[j] = x2 * cos[j] + x1 * sin[j];
-            }
-        });
+        self.apply(
+            x,
+            positions,
+            heads,
+            head_stride,
+            offset,
+            |head, cos, sin| {
+                let (a, b) = head.split_at_mut(half);
+                for j in 0..half {
+                    let (x1, x2) = (a[j], b[j]);
+                    // HF: q·cos + rotate_half(q)·sin, rotate_half(q) = [-x2, x1].
+                    a[j] = x1 * cos[j] - x2 * sin[j];
+                    b[j] = x2 * cos[j] + x1 * sin[j];
+                }
+            },
+        );
     }
 
     /// Rotates `x` `[t, heads·head_stride]` in place with adjacent pairs
     /// `(x[2j], x[2j+1])` (offset by `offset` inside each head) rotated by
     /// `positions[token]·inv_freq[j]`. Equals DeepSeek-V3's interleaved rope
     /// up to a fixed output permutation (see the module docs).
-    pub fn apply_interleaved(&self, x: &mut [f32], positions: &[usize], heads: usize, head_stride: usize, offset: usize) {
-        self.apply(x, positions, heads, head_stride, offset, |head, cos, sin| {
-            for (j, pair) in head.chunks_exact_mut(2).enumerate() {
-                let (x1, x2) = (pair[0], pair[1]);
-                pair[0] = x1 * cos[j] - x2 * sin[j];
-                pair[1] = x2 * cos[j] + x1 * sin[j];
-            }
-        });
+    pub fn apply_interleaved(
+        &self,
+        x: &mut [f32],
+        positions: &[usize],
+        heads: usize,
+        head_stride: usize,
+        offset: usize,
+    ) {
+        self.apply(
+            x,
+            positions,
+            heads,
+            head_stride,
+            offset,
+            |head, cos, sin| {
+                for (j, pair) in head.chunks_exact_mut(2).enumerate() {
+                    let (x1, x2) = (pair[0], pair[1]);
+                    pair[0] = x1 * cos[j] - x2 * sin[j];
+                    pair[1] = x2 * cos[j] + x1 * sin[j];
+                }
+            },
+        );
     }
 
     /// Shared walk over tokens and heads: computes the tables once per token
@@ -257,8 +310,16 @@ impl Rope {
         rotate: impl Fn(&mut [f32], &[f32], &[f32]),
     ) {
         let row = heads * head_stride;
-        assert!(offset + self.dim <= head_stride, "rope: offset {offset} + dim {} exceeds head stride {head_stride}", self.dim);
-        assert_eq!(x.len(), positions.len() * row, "rope: x must be [positions, heads·head_stride]");
+        assert!(
+            offset + self.dim <= head_stride,
+            "rope: offset {offset} + dim {} exceeds head stride {head_stride}",
+            self.dim
+        );
+        assert_eq!(
+            x.len(),
+            positions.len() * row,
+            "rope: x must be [positions, heads·head_stride]"
+        );
         let half = self.dim / 2;
         let mut cos = vec![0.0f32; half];
         let mut sin = vec![0.0f32; half];
@@ -279,18 +340,21 @@ mod tests {
     // cos/sin = `(pos.float()[:, None] * inv_freq).cos() * attention_factor`).
 
     // dim 64, theta 100000, default.
+    #[rustfmt::skip]
     const DEFAULT_100000_64: [f32; 32] = [
         1.0, 0.69783056, 0.48696753, 0.33982083, 0.23713736, 0.1654817, 0.1154782, 0.08058421, 0.05623413, 0.0392419,
         0.027384195, 0.01910953, 0.013335215, 0.00930572, 0.0064938166, 0.0045315837, 0.0031622779, 0.0022067341,
         0.0015399265, 0.0010746078, 0.0007498942, 0.0005232991, 0.0003651741, 0.00025482968, 0.00017782794,
         0.00012409377, 8.659643e-05, 6.0429637e-05, 4.2169653e-05, 2.9427272e-05, 2.053525e-05, 1.4330127e-05,
     ];
+    #[rustfmt::skip]
     const DEFAULT_100000_64_COS_1000: [f32; 32] = [
         0.56237906, 0.92222613, -0.99978644, 0.86340064, -0.052861076, -0.5210583, -0.7243361, 0.45609352, 0.9509386,
         0.028006924, -0.62930435, 0.96639675, 0.7187149, -0.992921, 0.9778991, -0.1798217, -0.9997861, -0.5939323,
         0.030864894, 0.47607714, 0.731761, 0.8661752, 0.9340616, 0.96770626, 0.9842302, 0.9923102, 0.9962529,
         0.99817467, 0.999111, 0.99956703, 0.9997892, 0.9998973,
     ];
+    #[rustfmt::skip]
     const DEFAULT_100000_64_SIN_131071: [f32; 32] = [
         -0.5752417, 0.8536982, 0.40559572, -0.74756783, -0.8846223, 0.29158375, -0.3425737, 0.21669555, 0.46816137,
         -0.6349345, 0.9999907, -0.7552119, 0.9063103, 0.6976653, 0.21876352, -0.19692154, -0.20583814, 0.21074495,
@@ -298,18 +362,21 @@ mod tests {
         0.9977836, -0.68599224, -0.6559718, 0.43498075, 0.953103,
     ];
     // Kimi K2: dim 64, theta 50000, yarn factor 32, orig 4096, beta 1/1, mscale 1/1.
+    #[rustfmt::skip]
     const YARN_K2: [f32; 32] = [
         1.0, 0.7131111, 0.50852746, 0.36263654, 0.25860015, 0.18441062, 0.13150527, 0.09377786, 0.066874035,
         0.047688615, 0.034007277, 0.024250967, 0.017293634, 0.012332281, 0.008794286, 0.0062713036, 0.004472136,
         0.0031891298, 0.0022742038, 0.00162176, 3.6140467e-05, 2.5772168e-05, 1.837842e-05, 1.3105854e-05, 9.34593e-06,
         6.664686e-06, 4.7526614e-06, 3.3891756e-06, 2.4168587e-06, 1.7234888e-06, 1.229039e-06, 8.764413e-07,
     ];
+    #[rustfmt::skip]
     const YARN_K2_COS_1000: [f32; 32] = [
         0.56237906, -0.99953645, 0.9169038, -0.21570703, 0.54905677, -0.5870773, 0.9040574, 0.8916024, -0.6211513,
         -0.8447363, -0.85239863, 0.6357827, 0.014874271, 0.9727259, -0.807738, 0.9999294, -0.23794833, -0.9988703,
         -0.6468201, -0.050941624, 0.999347, 0.99966794, 0.99983114, 0.9999141, 0.9999563, 0.99997777, 0.99998873,
         0.9999943, 0.9999971, 0.9999985, 0.9999992, 0.99999964,
     ];
+    #[rustfmt::skip]
     const YARN_K2_SIN_131071: [f32; 32] = [
         -0.5752417, -0.45923126, 0.92206657, -0.9184075, -0.33096796, -0.50476617, 0.98397774, 0.997086, 0.20216376,
         -0.9227447, 0.52464634, -0.63895005, -0.9993963, 0.99848795, 0.28461093, -0.89625484, 0.9663055, -0.1697618,
@@ -317,6 +384,7 @@ mod tests {
         0.42975608, 0.31150848, 0.223983, 0.16039555, 0.11462354,
     ];
     // Kimi K2.5-like: yarn factor 64, beta_fast 32, beta_slow 1 (low/high = 8/20).
+    #[rustfmt::skip]
     const YARN_K25: [f32; 32] = [
         1.0, 0.7131111, 0.50852746, 0.36263654, 0.25860015, 0.18441062, 0.13150527, 0.09377786, 0.066874035,
         0.043776657, 0.028427958, 0.018282956, 0.01161916, 0.0072741196, 0.0044658487, 0.0026702038, 0.0015372967,
@@ -326,20 +394,24 @@ mod tests {
     ];
     // Qwen-style yarn: dim 32, theta 1e6, factor 4, orig 32768, no mscale,
     // truncate false (attention_factor = 0.1·ln 4 + 1 = 1.1386294).
+    #[rustfmt::skip]
     const YARN_NOTRUNC: [f32; 16] = [
         1.0, 0.4216965, 0.17782794, 0.074989416, 0.03162278, 0.013335215, 0.0055172704, 0.0018835026, 0.000607408,
         0.00017734423, 4.4456985e-05, 1.8747356e-05, 7.905694e-06, 3.3338035e-06, 1.4058534e-06, 5.9284343e-07,
     ];
+    #[rustfmt::skip]
     const YARN_NOTRUNC_COS_1000: [f32; 16] = [
         0.64034134, 0.85370624, -0.3667634, 1.0448021, 1.1143566, 0.81834996, 0.8206655, -0.35028204, 0.934963,
         1.1207708, 1.1375043, 1.1384294, 1.1385939, 1.1386231, 1.1386284, 1.1386292,
     ];
     // dim 32, theta 10000, linear factor 4.
+    #[rustfmt::skip]
     const LINEAR_4: [f32; 16] = [
         0.25, 0.14058533, 0.07905694, 0.044456985, 0.025, 0.014058532, 0.007905695, 0.0044456986, 0.0025, 0.0014058533,
         0.00079056947, 0.00044456986, 0.00025, 0.00014058533, 7.905695e-05, 4.4456985e-05,
     ];
     // dim 64, theta 500000, llama3 factor 8, low 1, high 4, orig 8192.
+    #[rustfmt::skip]
     const LLAMA3: [f32; 32] = [
         1.0, 0.6636013, 0.44036663, 0.29222783, 0.19392276, 0.12868738, 0.0853971, 0.05666962, 0.03760603, 0.024955409,
         0.01656044, 0.010989529, 0.007292665, 0.0048394212, 0.003211446, 0.0013718937, 0.000524846, 0.00017850779,
@@ -371,21 +443,49 @@ mod tests {
         assert_eq!(got.len(), want.len(), "{what}: length");
         let off: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
         for &i in &off {
-            assert!(ulps(got[i], want[i]) <= 1, "{what}[{i}]: {} vs torch {} (more than 1 ulp)", got[i], want[i]);
+            assert!(
+                ulps(got[i], want[i]) <= 1,
+                "{what}[{i}]: {} vs torch {} (more than 1 ulp)",
+                got[i],
+                want[i]
+            );
         }
-        assert!(off.len() <= max_off, "{what}: {} entries differ from torch: {off:?}", off.len());
+        assert!(
+            off.len() <= max_off,
+            "{what}: {} entries differ from torch: {off:?}",
+            off.len()
+        );
         off
     }
 
     /// cos/sin vs torch: 2 ulps of the table scale (SLEEF's cos/sin are
     /// within 1 ulp, ours are correctly rounded) plus the angle difference a
     /// differing inv_freq entry causes at this position.
-    fn assert_table(got: &[f32], want: &[f32], pos: usize, rope: &Rope, torch_inv: &[f32], what: &str) {
+    fn assert_table(
+        got: &[f32],
+        want: &[f32],
+        pos: usize,
+        rope: &Rope,
+        torch_inv: &[f32],
+        what: &str,
+    ) {
         for j in 0..got.len() {
             let angle = pos as f32 * rope.inv_freq[j];
-            let dangle = (pos as f64 * (rope.inv_freq[j] as f64 - torch_inv[j] as f64)).abs() + 2.0 * f32::EPSILON as f64 * angle.abs() as f64;
-            let tol = (2.4e-7 + if rope.inv_freq[j] == torch_inv[j] { 0.0 } else { dangle }) * rope.attention_factor as f64;
-            assert!((got[j] as f64 - want[j] as f64).abs() <= tol, "{what}[{j}]: {} vs torch {} (tol {tol})", got[j], want[j]);
+            let dangle = (pos as f64 * (rope.inv_freq[j] as f64 - torch_inv[j] as f64)).abs()
+                + 2.0 * f32::EPSILON as f64 * angle.abs() as f64;
+            let tol = (2.4e-7
+                + if rope.inv_freq[j] == torch_inv[j] {
+                    0.0
+                } else {
+                    dangle
+                })
+                * rope.attention_factor as f64;
+            assert!(
+                (got[j] as f64 - want[j] as f64).abs() <= tol,
+                "{what}[{j}]: {} vs torch {} (tol {tol})",
+                got[j],
+                want[j]
+            );
         }
     }
 
@@ -406,7 +506,11 @@ mod tests {
         // low = 19, high = 20: dims < 20 extrapolate (plain base^-2i/d), >= 20 interpolate (/32).
         let base = Rope::new(64, 50000.0, &RopeScaling::Default);
         for i in 0..32 {
-            let want = if i < 20 { base.inv_freq[i] } else { 1.0 / (32.0 * (1.0 / base.inv_freq[i])) };
+            let want = if i < 20 {
+                base.inv_freq[i]
+            } else {
+                1.0 / (32.0 * (1.0 / base.inv_freq[i]))
+            };
             assert!(ulps(rope.inv_freq[i], want) <= 1, "{i}");
         }
     }
@@ -445,7 +549,14 @@ mod tests {
         assert_eq!(rope.attention_factor, 1.1386294);
         let (mut cos, mut sin) = (vec![0.0; 16], vec![0.0; 16]);
         rope.cos_sin(1000, &mut cos, &mut sin);
-        assert_table(&cos, &YARN_NOTRUNC_COS_1000, 1000, &rope, &YARN_NOTRUNC, "cos@1000");
+        assert_table(
+            &cos,
+            &YARN_NOTRUNC_COS_1000,
+            1000,
+            &rope,
+            &YARN_NOTRUNC,
+            "cos@1000",
+        );
     }
 
     #[test]
@@ -467,14 +578,42 @@ mod tests {
         let (mut cos, mut sin) = (vec![0.0; 32], vec![0.0; 32]);
         let rope = Rope::new(64, 100000.0, &RopeScaling::Default);
         rope.cos_sin(1000, &mut cos, &mut sin);
-        assert_table(&cos, &DEFAULT_100000_64_COS_1000, 1000, &rope, &DEFAULT_100000_64, "default cos@1000");
+        assert_table(
+            &cos,
+            &DEFAULT_100000_64_COS_1000,
+            1000,
+            &rope,
+            &DEFAULT_100000_64,
+            "default cos@1000",
+        );
         rope.cos_sin(131071, &mut cos, &mut sin);
-        assert_table(&sin, &DEFAULT_100000_64_SIN_131071, 131071, &rope, &DEFAULT_100000_64, "default sin@131071");
+        assert_table(
+            &sin,
+            &DEFAULT_100000_64_SIN_131071,
+            131071,
+            &rope,
+            &DEFAULT_100000_64,
+            "default sin@131071",
+        );
         let rope = Rope::new(64, 50000.0, &k2());
         rope.cos_sin(1000, &mut cos, &mut sin);
-        assert_table(&cos, &YARN_K2_COS_1000, 1000, &rope, &YARN_K2, "K2 cos@1000");
+        assert_table(
+            &cos,
+            &YARN_K2_COS_1000,
+            1000,
+            &rope,
+            &YARN_K2,
+            "K2 cos@1000",
+        );
         rope.cos_sin(131071, &mut cos, &mut sin);
-        assert_table(&sin, &YARN_K2_SIN_131071, 131071, &rope, &YARN_K2, "K2 sin@131071");
+        assert_table(
+            &sin,
+            &YARN_K2_SIN_131071,
+            131071,
+            &rope,
+            &YARN_K2,
+            "K2 sin@131071",
+        );
     }
 
     #[test]
@@ -508,7 +647,10 @@ mod tests {
         let mut out: Vec<f64> = v.iter().map(|&a| a as f64).collect();
         for (j, &(a, b)) in pairs.iter().enumerate() {
             let ang = (pos as f32 * rope.inv_freq[j]) as f64;
-            let (c, s) = (ang.cos() * rope.attention_factor as f64, ang.sin() * rope.attention_factor as f64);
+            let (c, s) = (
+                ang.cos() * rope.attention_factor as f64,
+                ang.sin() * rope.attention_factor as f64,
+            );
             out[a] = v[a] as f64 * c - v[b] as f64 * s;
             out[b] = v[b] as f64 * c + v[a] as f64 * s;
         }
@@ -516,7 +658,9 @@ mod tests {
     }
 
     fn test_input(len: usize) -> Vec<f32> {
-        (0..len).map(|i| ((i * 7919) % 113) as f32 / 56.5 - 1.0).collect()
+        (0..len)
+            .map(|i| ((i * 7919) % 113) as f32 / 56.5 - 1.0)
+            .collect()
     }
 
     #[test]
@@ -537,7 +681,10 @@ mod tests {
                 for k in 0..stride {
                     let got = x[base + k];
                     if (offset..offset + 8).contains(&k) {
-                        assert!((got as f64 - want[k - offset]).abs() < 1e-6, "t{t} h{h} k{k}");
+                        assert!(
+                            (got as f64 - want[k - offset]).abs() < 1e-6,
+                            "t{t} h{h} k{k}"
+                        );
                     } else {
                         assert_eq!(got, orig[base + k], "untouched t{t} h{h} k{k}");
                     }
@@ -608,7 +755,9 @@ mod tests {
                 q.iter().zip(&k).map(|(a, b)| a * b).sum::<f32>()
             };
             assert!((dot_at(10, 3) - dot_at(107, 100)).abs() < 1e-4);
-            assert!((dot_at(0, 0) - q0.iter().zip(&k0).map(|(a, b)| a * b).sum::<f32>()).abs() < 1e-5);
+            assert!(
+                (dot_at(0, 0) - q0.iter().zip(&k0).map(|(a, b)| a * b).sum::<f32>()).abs() < 1e-5
+            );
         }
     }
 }

@@ -42,7 +42,10 @@ pub fn log_softmax_inplace(x: &mut [f32]) {
 
 /// Largest value of a non-empty row (NaN propagates, as in `torch.max`).
 fn row_max(x: &[f32]) -> f32 {
-    x.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m || v.is_nan() { v } else { m })
+    x.iter().fold(
+        f32::NEG_INFINITY,
+        |m, &v| if v > m || v.is_nan() { v } else { m },
+    )
 }
 
 /// Index of the largest value; the first one wins ties. NaN values are
@@ -102,7 +105,11 @@ mod tests {
         let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
         for (i, &v) in row.iter().enumerate() {
             let want = (v as f64 - max).exp() / sum;
-            assert!((x[i] as f64 - want).abs() <= 1e-6 * want + 1e-30, "{i}: {} vs {want}", x[i]);
+            assert!(
+                (x[i] as f64 - want).abs() <= 1e-6 * want + 1e-30,
+                "{i}: {} vs {want}",
+                x[i]
+            );
         }
         assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
     }

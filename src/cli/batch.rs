@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use caracal::generate::LoadedModel;
 use caracal::models::CausalLm;
 use caracal::request::RequestSpec;
 use caracal_actors::messages::TokenEvent;
@@ -20,9 +19,9 @@ use super::engine_args::EngineArgs;
 /// Arguments of `caracal batch`.
 #[derive(Args)]
 pub struct BatchArgs {
-    /// Checkpoint folder.
+    /// Checkpoint folder; default: the built-in tiny Kimi K3 (random weights).
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// JSONL file, one request per line (`prompt` or `prompt_ids`, `max_tokens`, sampling fields).
     #[arg(long)]
     input: PathBuf,
@@ -35,7 +34,7 @@ pub struct BatchArgs {
 
 /// Runs `caracal batch`.
 pub fn run(a: BatchArgs) -> Result<()> {
-    let loaded = LoadedModel::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
+    let loaded = super::load_model(&super::model_dir(a.model.clone())?)?;
     let file = std::fs::File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
     let lines: Vec<String> = std::io::BufReader::new(file).lines().collect::<std::io::Result<_>>()?;
     let model: Arc<dyn CausalLm> = Arc::from(loaded.model);

@@ -7,8 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
-use caracal::generate::LoadedModel;
+use anyhow::{bail, Result};
 use caracal::models::CausalLm;
 use caracal_actors::messages::{StopConditions, TokenEvent, ValidRequest};
 use caracal_actors::runtime::Engine;
@@ -21,9 +20,9 @@ use super::engine_args::EngineArgs;
 /// Arguments of `caracal bench`.
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Checkpoint folder.
+    /// Checkpoint folder; default: the built-in tiny Kimi K3 (random weights).
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// Requests per concurrency level.
     #[arg(long, default_value_t = 16)]
     requests: usize,
@@ -168,7 +167,8 @@ async fn run_level(engine: &Engine, reqs: Vec<ValidRequest>, conc: usize) -> Res
 
 /// Runs `caracal bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
-    let loaded = LoadedModel::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
+    let model_dir = super::model_dir(a.model.clone())?;
+    let loaded = super::load_model(&model_dir)?;
     let model: Arc<dyn CausalLm> = Arc::from(loaded.model);
     let info = model.info().clone();
     if a.input_len + a.output_len + a.history >= info.max_position {
@@ -207,7 +207,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     })?;
     let base = summaries[0].output_tok_s;
     if a.json {
-        println!("{}", json!({"model": a.model.display().to_string(), "scenarios": summaries}));
+        println!("{}", json!({"model": model_dir.display().to_string(), "scenarios": summaries}));
         return Ok(());
     }
     println!("{:<44} {:>6} {:>10} {:>8} {:>10} {:>10} {:>10} {:>9}", "scenario", "reqs", "out tok/s", "ratio", "TTFT ms", "TTFT p99", "ITL ms", "cache hit");

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, Context, Result};
 use caracal::eval::{perplexity, tokenize_like_llama_cpp, PplOptions};
-use caracal::generate::LoadedModel;
 use clap::{Args, Subcommand};
 
 /// Arguments of `caracal eval`.
@@ -25,9 +24,10 @@ enum EvalCommand {
 /// Arguments of `caracal eval ppl`.
 #[derive(Args)]
 struct PplArgs {
-    /// Checkpoint folder (with tokenizer.json).
+    /// Checkpoint folder (with tokenizer.json or tiktoken.model); default:
+    /// the built-in tiny Kimi K3 (random weights).
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// Text file to score.
     #[arg(long)]
     file: PathBuf,
@@ -51,8 +51,9 @@ pub fn run(a: EvalArgs) -> Result<()> {
 
 fn ppl(a: PplArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
-    let loaded = LoadedModel::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
-    let tok = loaded.tokenizer.as_ref().ok_or_else(|| anyhow!("{} has no tokenizer.json", a.model.display()))?;
+    let model_dir = super::model_dir(a.model.clone())?;
+    let loaded = super::load_model(&model_dir)?;
+    let tok = loaded.tokenizer.as_ref().ok_or_else(|| anyhow!("{} has no tokenizer", model_dir.display()))?;
     let (tokens, bos) = tokenize_like_llama_cpp(tok, &text)?;
     eprintln!(
         "{}: {} tokens; {} windows of {} (scoring the second half of each); BOS at window start: {}",

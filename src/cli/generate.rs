@@ -3,19 +3,21 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use caracal::chat::{render, ChatMessage};
-use caracal::generate::{generate, GenerateRequest, LoadedModel};
-use caracal::tokenizer::StreamDecoder;
+use caracal::generate::{generate, GenerateRequest};
+use caracal::tokenizer::{ChatFormat, StreamDecoder};
+use caracal::toolcall::{render_k2, render_k3, K3Options, Message};
 use caracal_kernels::sampling::SamplingParams;
 use clap::Args;
 
 /// Arguments of `caracal generate`.
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// Checkpoint folder (config.json, *.safetensors, tokenizer.json).
+    /// Checkpoint folder (config.json, *.safetensors, tokenizer.json or
+    /// tiktoken.model); default: the built-in tiny Kimi K3 (random weights).
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// Prompt text.
     #[arg(long, conflicts_with = "prompt_ids")]
     prompt: Option<String>,
@@ -56,23 +58,27 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         bail!("--top-p must be in (0, 1], got {}", a.top_p);
     }
-    let loaded = LoadedModel::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
+    let model_dir = super::model_dir(a.model.clone())?;
+    let loaded = super::load_model(&model_dir)?;
     let tok = loaded.tokenizer.as_ref();
     let prompt_ids = match (&a.prompt, &a.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {
-            let tok = tok.ok_or_else(|| anyhow!("{} has no tokenizer.json; pass --prompt-ids", a.model.display()))?;
+            let tok = tok.ok_or_else(|| anyhow!("{} has no tokenizer; pass --prompt-ids", model_dir.display()))?;
             if a.chat {
-                let template =
-                    tok.chat_template.as_deref().ok_or_else(|| anyhow!("{} has no chat template", a.model.display()))?;
-                let rendered = render(
-                    template,
-                    &[ChatMessage::new("user", text)],
-                    None,
-                    true,
-                    tok.bos_token.as_deref(),
-                    tok.eos_token.as_deref(),
-                )?;
+                let rendered = match tok.chat_format() {
+                    Some(ChatFormat::Jinja(template)) => render(
+                        &template,
+                        &[ChatMessage::new("user", text)],
+                        None,
+                        true,
+                        tok.bos_token.as_deref(),
+                        tok.eos_token.as_deref(),
+                    )?,
+                    Some(ChatFormat::KimiK3) => render_k3(&[Message::text("user", text)], None, true, &K3Options::default())?,
+                    Some(ChatFormat::KimiK2) => render_k2(&[Message::text("user", text)], None, true),
+                    None => bail!("{} has no chat template", model_dir.display()),
+                };
                 tok.encode_chat(&rendered)?
             } else {
                 tok.encode(text)?
@@ -111,7 +117,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if a.json {
         let mut v = serde_json::to_value(&gen)?;
         v["text"] = serde_json::Value::String(text);
-        v["model"] = serde_json::Value::String(a.model.display().to_string());
+        v["model"] = serde_json::Value::String(model_dir.display().to_string());
         println!("{}", serde_json::to_string(&v)?);
     } else {
         if let Some(t) = tok {

@@ -8,10 +8,16 @@ mod eval;
 mod generate;
 mod import;
 mod inspect;
+mod moeify;
 mod plan;
 mod quantize;
+mod synth;
 
-use anyhow::Result;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use caracal::generate::LoadedModel;
+use caracal::tokenizer::TextTokenizer;
 use clap::{Parser, Subcommand};
 
 /// Caracal: serve Kimi-family multimodal MoE models to agents.
@@ -42,6 +48,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Memory plan: parameters, weight bytes, KV/state per token, sessions that fit.
     Plan(plan::PlanCliArgs),
+    /// Turn a dense llama checkpoint into a Kimi K2-style MoE with the same output.
+    Moeify(moeify::MoeifyArgs),
+    /// Write a deterministic random checkpoint in a published layout (tiny Kimi K3).
+    Synth(synth::SynthArgs),
 }
 
 /// Parses the command line and runs the chosen subcommand.
@@ -57,5 +67,30 @@ pub fn run() -> Result<()> {
         Command::Batch(args) => batch::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Plan(args) => plan::run(args),
+        Command::Moeify(args) => moeify::run(args),
+        Command::Synth(args) => synth::run(args),
     }
+}
+
+/// The checkpoint folder of a `--model` argument; without one, the built-in
+/// tiny Kimi K3 (random weights), synthesized into the cache on first use.
+fn model_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
+    match arg {
+        Some(dir) => Ok(dir),
+        None => {
+            let dir = caracal::synth::default_model_dir().context("preparing the default model (pass --model DIR to use another)")?;
+            eprintln!("no --model given: using the built-in tiny Kimi K3 with random weights at {}", dir.display());
+            Ok(dir)
+        }
+    }
+}
+
+/// [`LoadedModel::load`], plus a tiktoken tokenizer (`tiktoken.model`) when
+/// the folder has no `tokenizer.json`.
+fn load_model(dir: &Path) -> Result<LoadedModel> {
+    let mut loaded = LoadedModel::load(dir).with_context(|| format!("loading {}", dir.display()))?;
+    if loaded.tokenizer.is_none() && TextTokenizer::exists_in(dir) {
+        loaded.tokenizer = Some(TextTokenizer::from_dir(dir).with_context(|| format!("loading the tokenizer of {}", dir.display()))?);
+    }
+    Ok(loaded)
 }

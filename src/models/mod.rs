@@ -11,8 +11,10 @@
 //! | [`llama`] | `llama` | LLaMA; transformers `modeling_llama.py` |
 //! | [`deepseek_v3`] | `deepseek_v3`, `kimi_k2` | DeepSeek-V3 (arXiv 2412.19437); transformers `modeling_deepseek_v3.py` |
 //! | [`kimi_linear`] | `kimi_linear` | Kimi Linear (arXiv 2510.26692); transformers `modeling_kimi_linear.py` |
+//! | [`kimi_k3`] | `kimi_k3` | Kimi K3 text backbone (AttnRes arXiv 2603.15031); Moonshot `modeling_kimi_linear.py`, TokenSpeed `kimi_k3.py` |
 
 pub mod deepseek_v3;
+pub mod kimi_k3;
 pub mod kimi_linear;
 pub mod layers;
 pub mod llama;
@@ -41,6 +43,7 @@ pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
         "llama" => Box::new(llama::Llama::load(&config, &cfg_path, &ckpt, eos)?),
         "deepseek_v3" | "kimi_k2" => Box::new(deepseek_v3::DeepseekV3::load(&config, &cfg_path, &ckpt, eos)?),
         "kimi_linear" => Box::new(kimi_linear::KimiLinear::load(&config, &cfg_path, &ckpt, eos)?),
+        "kimi_k3" => Box::new(kimi_k3::KimiK3::load(&config, &cfg_path, &ckpt, eos)?),
         other => unreachable!("model_type() only returns supported types, got {other}"),
     };
     Ok(model)

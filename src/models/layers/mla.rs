@@ -4,7 +4,13 @@
 //! token: `kv_lora_rank + qk_rope_head_dim` values, shared by all heads.
 //! Attention runs in the absorbed form: queries are projected into the
 //! latent space with `W_UK`, and the latent output is expanded by `W_UV`.
+//!
+//! Kimi K3 adds an optional sigmoid output gate (`mla_use_output_gate`):
+//! `out ← out ⊙ σ(g_proj(x))` on the per-head outputs `[heads·v]`, before
+//! `o_proj`, where `x` is the layer's (normed) input (Moonshot's
+//! `KimiMLAAttention`; reference doc §1.4).
 
+use caracal_kernels::activation::sigmoid;
 use caracal_kernels::mla::{mla_attention_absorbed, write_latent, MlaAbsorbed, MlaShape};
 use caracal_kernels::paged::KvPool;
 use caracal_kernels::rope::Rope;
@@ -54,6 +60,8 @@ pub struct MlaAttention {
     pub absorbed: MlaAbsorbed,
     /// `[hidden, heads·v]`.
     pub o_proj: Matrix,
+    /// K3's output gate `[heads·v, hidden]` (`None`: ungated).
+    pub g_proj: Option<Matrix>,
     /// Head sizes.
     pub shape: MlaShape,
     /// Softmax scale.
@@ -92,6 +100,7 @@ impl MlaAttention {
             kv_a_layernorm: RmsNorm::load(ckpt, &format!("{prefix}.kv_a_layernorm.weight"), r, opts.latent_norm_eps)?,
             absorbed: MlaAbsorbed::from_kv_b(&kv_b, &shape)?,
             o_proj: ckpt.matrix(&format!("{prefix}.o_proj.weight"), hidden, h * shape.v_dim)?,
+            g_proj: None,
             shape,
             scale: opts.scale,
             rope_interleave: opts.rope_interleave,
@@ -169,8 +178,22 @@ impl MlaAttention {
         out
     }
 
-    /// Attention followed by `o_proj`.
+    /// Adds K3's sigmoid output gate, loading `{prefix}.g_proj.weight`
+    /// `[heads·v, hidden]`.
+    pub fn with_output_gate(mut self, ckpt: &Checkpoint, prefix: &str, hidden: usize) -> Result<MlaAttention> {
+        self.g_proj = Some(ckpt.matrix(&format!("{prefix}.g_proj.weight"), self.shape.heads * self.shape.v_dim, hidden)?);
+        Ok(self)
+    }
+
+    /// Attention, the output gate if any, then `o_proj`.
     pub fn forward(&self, x: &[f32], layout: &BatchLayout, rope: Option<&Rope>, cache: &mut KvPool) -> Vec<f32> {
-        self.o_proj.forward(&self.attend(x, layout, rope, cache))
+        let mut out = self.attend(x, layout, rope, cache);
+        if let Some(g_proj) = &self.g_proj {
+            let gate = g_proj.forward(x);
+            for (o, g) in out.iter_mut().zip(&gate) {
+                *o *= sigmoid(*g);
+            }
+        }
+        self.o_proj.forward(&out)
     }
 }

@@ -1,10 +1,13 @@
 //! Blocks shared by the model files: norms, MLPs, the three attention kinds,
-//! the MoE block, and the bookkeeping of a batched forward.
+//! the MoE block, Block Attention Residuals, and the bookkeeping of a batched
+//! forward.
 //!
 //! Each block owns its weights (as stored: bf16 stays bf16) and runs on the
 //! flat `[rows, width]` activations of the whole batch; only attention needs
 //! to know where each sequence's rows start ([`BatchLayout`]).
 
+pub mod attn_res;
+pub mod experts;
 pub mod gqa;
 pub mod kda;
 pub mod mla;
@@ -125,18 +128,49 @@ impl RmsNorm {
 }
 
 /// The activation between gate and up projections.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum GluAct {
     /// SwiGLU: silu(gate) · up.
     Silu,
+    /// Kimi K3's SiTU-GLU (`hidden_act: "situ"`):
+    /// `[β·tanh(gate/β)·sigmoid(gate)] · [β_lin·tanh(up/β_lin)]`, the second
+    /// factor being plain `up` when `linear_beta` is `None` (Moonshot's
+    /// `SituAndMul`; reference doc §4.1).
+    Situ {
+        /// β (`activation_situ_beta`, K3: 4.0; 1.0 when the key is absent, as
+        /// in Moonshot's `_get_situ_activation_params`). Must be > 0.
+        beta: f32,
+        /// β_lin (`activation_situ_linear_beta`, K3: 25.0); `None` leaves `up`
+        /// unclipped. Must be > 0 when set.
+        linear_beta: Option<f32>,
+    },
 }
 
 impl GluAct {
-    /// Parses `hidden_act`.
+    /// Parses `hidden_act` with no SiTU settings (`situ` gets β = 1 and no
+    /// linear clip, the defaults of Moonshot's code).
     pub fn from_name(name: &str) -> Result<GluAct> {
+        GluAct::from_config(name, None, None)
+    }
+
+    /// Parses `hidden_act` together with `activation_situ_beta` and
+    /// `activation_situ_linear_beta` (used only by `situ`).
+    pub fn from_config(name: &str, situ_beta: Option<f32>, situ_linear_beta: Option<f32>) -> Result<GluAct> {
         match name {
             "silu" | "swish" => Ok(GluAct::Silu),
-            other => Err(Error::Config(format!("unsupported hidden_act `{other}` (supported: silu)"))),
+            "situ" => {
+                let beta = situ_beta.unwrap_or(1.0);
+                if !(beta > 0.0 && beta.is_finite()) {
+                    return Err(Error::Config(format!("`activation_situ_beta` must be a positive number, got {beta}")));
+                }
+                if let Some(lb) = situ_linear_beta {
+                    if !(lb > 0.0 && lb.is_finite()) {
+                        return Err(Error::Config(format!("`activation_situ_linear_beta` must be a positive number, got {lb}")));
+                    }
+                }
+                Ok(GluAct::Situ { beta, linear_beta: situ_linear_beta })
+            }
+            other => Err(Error::Config(format!("unsupported hidden_act `{other}` (supported: silu, situ)"))),
         }
     }
 
@@ -144,6 +178,14 @@ impl GluAct {
     pub fn apply(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
         match self {
             GluAct::Silu => activation::swiglu(gate, up, out),
+            GluAct::Situ { beta, linear_beta: Some(lb) } => activation::situ_glu(gate, up, beta, lb, out),
+            GluAct::Situ { beta, linear_beta: None } => {
+                assert_eq!(gate.len(), up.len(), "situ: gate and up lengths differ");
+                assert_eq!(gate.len(), out.len(), "situ: out length differs");
+                for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+                    *o = beta * (g / beta).tanh() * activation::sigmoid(g) * u;
+                }
+            }
         }
     }
 }
@@ -220,5 +262,43 @@ pub fn logits(hidden: &[f32], layout: &BatchLayout, norm: &RmsNorm, lm_head: &Ma
 pub fn add_inplace(x: &mut [f32], delta: &[f32]) {
     for (a, b) in x.iter_mut().zip(delta) {
         *a += b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn situ_f64(g: f64, u: f64, beta: f64, lin: Option<f64>) -> f64 {
+        let act = beta * (g / beta).tanh() / (1.0 + (-g).exp());
+        act * lin.map(|l| l * (u / l).tanh()).unwrap_or(u)
+    }
+
+    #[test]
+    fn situ_parses_its_betas_and_matches_the_formula_in_f64() {
+        let gate: Vec<f32> = (0..41).map(|i| (i as f32 - 20.0) * 0.9).collect();
+        let up: Vec<f32> = (0..41).map(|i| (20.0 - i as f32) * 2.3).collect();
+        for (lin, act) in [(Some(25.0), GluAct::from_config("situ", Some(4.0), Some(25.0)).unwrap()), (None, GluAct::from_config("situ", Some(4.0), None).unwrap())] {
+            assert_eq!(act, GluAct::Situ { beta: 4.0, linear_beta: lin });
+            let mut out = vec![0.0; gate.len()];
+            act.apply(&gate, &up, &mut out);
+            for i in 0..gate.len() {
+                let want = situ_f64(gate[i] as f64, up[i] as f64, 4.0, lin.map(|l: f32| l as f64));
+                // f32 evaluation of tanh/sigmoid/products: a few ulps of |want| (≤ ~150).
+                assert!((out[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "i={i} got {} want {want}", out[i]);
+            }
+        }
+    }
+
+    #[test]
+    fn situ_defaults_and_bad_betas() {
+        assert_eq!(GluAct::from_name("situ").unwrap(), GluAct::Situ { beta: 1.0, linear_beta: None });
+        assert_eq!(GluAct::from_name("silu").unwrap(), GluAct::Silu);
+        let err = GluAct::from_config("situ", Some(0.0), None).unwrap_err().to_string();
+        assert!(err.contains("activation_situ_beta"), "{err}");
+        let err = GluAct::from_config("situ", Some(4.0), Some(-1.0)).unwrap_err().to_string();
+        assert!(err.contains("activation_situ_linear_beta"), "{err}");
+        let err = GluAct::from_name("gelu").unwrap_err().to_string();
+        assert!(err.contains("gelu") && err.contains("situ"), "{err}");
     }
 }

@@ -7,6 +7,13 @@
 //! (expert shards, `--ep N`), the block sends its routed rows there. Both
 //! paths sum expert outputs in the router's order, so results do not depend
 //! on where experts run.
+//!
+//! Kimi K3's **latent MoE** ([`LatentProj`], reference doc §4.1): the router
+//! scores the full-width `x`, but routed experts live in a narrower latent
+//! space: `z = routed_expert_down_proj(x)`, `r = Σ_k w_k·E_k(z)`,
+//! `y = routed_expert_up_proj(routed_expert_norm(r)) + shared(x)`. The
+//! experts (and a dispatcher, which is handed `z` and the latent width) never
+//! see the full width; shared experts still do.
 
 use std::sync::{Arc, RwLock};
 
@@ -14,12 +21,22 @@ use caracal_actors::engine::{run_experts_local, ExpertDispatch, ExpertFfn};
 use caracal_kernels::moe::{route, RouterConfig};
 use caracal_kernels::Matrix;
 
-use super::{add_inplace, Mlp};
+use super::{add_inplace, Mlp, RmsNorm};
 
 impl ExpertFfn for Mlp {
     fn forward(&self, x: &[f32]) -> Vec<f32> {
         Mlp::forward(self, x)
     }
+}
+
+/// The projections around latent routed experts (K3).
+pub struct LatentProj {
+    /// `[latent, hidden]`: full width → expert width.
+    pub routed_expert_down_proj: Matrix,
+    /// RMSNorm `[latent]` on the weighted expert sum (`latent_moe_use_norm`).
+    pub routed_expert_norm: Option<RmsNorm>,
+    /// `[hidden, latent]`: expert width → full width.
+    pub routed_expert_up_proj: Matrix,
 }
 
 /// One MoE block.
@@ -38,6 +55,8 @@ pub struct MoeBlock {
     pub moe_layer: usize,
     /// Where routed experts run when not locally (set once by the runtime).
     pub dispatch: RwLock<Option<Arc<dyn ExpertDispatch>>>,
+    /// Latent projections (K3); `None`: experts run at the full width.
+    pub latent: Option<LatentProj>,
 }
 
 impl MoeBlock {
@@ -58,7 +77,14 @@ impl MoeBlock {
             router,
             moe_layer,
             dispatch: RwLock::new(None),
+            latent: None,
         }
+    }
+
+    /// Runs the routed experts in `latent`'s space (K3's latent MoE).
+    pub fn with_latent(mut self, latent: LatentProj) -> MoeBlock {
+        self.latent = Some(latent);
+        self
     }
 
     /// Per-token `(expert, weight)` choices for `x` `[n, hidden]`.
@@ -68,18 +94,134 @@ impl MoeBlock {
         logits.chunks(e).map(|l| route(l, self.bias.as_deref(), &self.router)).collect()
     }
 
-    /// `Σ_k w_k · E_k(x) + shared(x)` for every row of `x`.
+    /// `Σ_k w_k · E_k(x) + shared(x)` for every row of `x` (with a latent
+    /// space: `up(norm(Σ_k w_k · E_k(down(x)))) + shared(x)`).
     pub fn forward(&self, x: &[f32]) -> Vec<f32> {
-        let d = self.gate.cols;
         let choices = self.route(x);
+        let latent_x = self.latent.as_ref().map(|l| l.routed_expert_down_proj.forward(x));
+        let (rx, width) = match (&latent_x, &self.latent) {
+            (Some(z), Some(l)) => (z.as_slice(), l.routed_expert_down_proj.rows),
+            _ => (x, self.gate.cols),
+        };
         let dispatch = self.dispatch.read().expect("dispatch lock is never poisoned: writers do not panic").clone();
         let mut out = match dispatch {
-            Some(d_) => d_.run(self.moe_layer, x, d, &choices),
-            None => run_experts_local(&self.experts, x, d, &choices),
+            Some(d_) => d_.run(self.moe_layer, rx, width, &choices),
+            None => run_experts_local(&self.experts, rx, width, &choices),
         };
+        if let Some(l) = &self.latent {
+            if let Some(norm) = &l.routed_expert_norm {
+                out = norm.forward(&out);
+            }
+            out = l.routed_expert_up_proj.forward(&out);
+        }
         if let Some(shared) = &self.shared {
             add_inplace(&mut out, &shared.forward(x));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use caracal_kernels::moe::Scoring;
+
+    use super::*;
+    use crate::models::layers::GluAct;
+
+    fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
+            })
+            .collect()
+    }
+
+    fn mlp(hidden: usize, inter: usize, seed: u64, act: GluAct) -> Mlp {
+        Mlp {
+            gate_proj: Matrix::from_f32(inter, hidden, &values(inter * hidden, seed, 0.3)),
+            up_proj: Matrix::from_f32(inter, hidden, &values(inter * hidden, seed + 1, 0.3)),
+            down_proj: Matrix::from_f32(hidden, inter, &values(hidden * inter, seed + 2, 0.3)),
+            act,
+        }
+    }
+
+    /// `[r, c] · x` in f64.
+    fn lin(w: &[f32], r: usize, c: usize, x: &[f64]) -> Vec<f64> {
+        (0..r).map(|i| (0..c).map(|j| w[i * c + j] as f64 * x[j]).sum()).collect()
+    }
+
+    fn mlp_f64(m: &Mlp, x: &[f64]) -> Vec<f64> {
+        let (i, h) = (m.gate_proj.rows, m.gate_proj.cols);
+        let g = lin(&m.gate_proj.to_f32_vec(), i, h, x);
+        let u = lin(&m.up_proj.to_f32_vec(), i, h, x);
+        let a: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| 4.0 * (g / 4.0).tanh() / (1.0 + (-g).exp()) * 25.0 * (u / 25.0).tanh())
+            .collect();
+        lin(&m.down_proj.to_f32_vec(), h, i, &a)
+    }
+
+    #[test]
+    fn latent_moe_matches_a_direct_f64_evaluation_and_the_dispatch_path() {
+        let (d, latent, inter, e, k) = (48, 32, 16, 6, 2);
+        let act = GluAct::Situ { beta: 4.0, linear_beta: Some(25.0) };
+        let router = RouterConfig {
+            scoring: Scoring::Sigmoid,
+            top_k: k,
+            n_group: 1,
+            topk_group: 1,
+            renormalize: true,
+            routed_scaling_factor: 1.5,
+            bias_in_weights: false,
+        };
+        let experts: Vec<Mlp> = (0..e).map(|j| mlp(latent, inter, 100 + 10 * j as u64, act)).collect();
+        let experts_ref: Vec<Mlp> = (0..e).map(|j| mlp(latent, inter, 100 + 10 * j as u64, act)).collect();
+        let shared = mlp(d, 2 * inter, 7, act);
+        let shared_ref = mlp(d, 2 * inter, 7, act);
+        let gate = Matrix::from_f32(e, d, &values(e * d, 3, 1.0));
+        let down = values(latent * d, 4, 0.4);
+        let up = values(d * latent, 5, 0.4);
+        let norm_w = values(latent, 6, 1.0);
+        let block = MoeBlock::new(gate, Some(values(e, 8, 0.2)), experts, Some(shared), router, 0).with_latent(LatentProj {
+            routed_expert_down_proj: Matrix::from_f32(latent, d, &down),
+            routed_expert_norm: Some(RmsNorm { weight: norm_w.clone(), eps: 1e-5 }),
+            routed_expert_up_proj: Matrix::from_f32(d, latent, &up),
+        });
+        let rows = 5;
+        let x = values(rows * d, 9, 1.0);
+        let got = block.forward(&x);
+        let choices = block.route(&x);
+        for r in 0..rows {
+            let xr: Vec<f64> = x[r * d..(r + 1) * d].iter().map(|&v| v as f64).collect();
+            let z = lin(&down, latent, d, &xr);
+            let mut acc = vec![0.0; latent];
+            for &(j, w) in &choices[r] {
+                for (a, y) in acc.iter_mut().zip(mlp_f64(&experts_ref[j], &z)) {
+                    *a += w as f64 * y;
+                }
+            }
+            let inv = 1.0 / (acc.iter().map(|v| v * v).sum::<f64>() / latent as f64 + 1e-5).sqrt();
+            let normed: Vec<f64> = acc.iter().zip(&norm_w).map(|(v, w)| v * inv * *w as f64).collect();
+            let want: Vec<f64> =
+                lin(&up, d, latent, &normed).iter().zip(mlp_f64(&shared_ref, &xr)).map(|(a, b)| a + b).collect();
+            for (g, w) in got[r * d..(r + 1) * d].iter().zip(&want) {
+                // f32 matmuls of width ≤ 48 on O(1) values: 1e-4 absolute.
+                assert!((*g as f64 - w).abs() < 1e-4, "row {r}: {g} vs {w}");
+            }
+        }
+
+        // A dispatcher receives the latent rows and width; same result.
+        struct Local(Vec<Arc<dyn ExpertFfn>>, usize);
+        impl ExpertDispatch for Local {
+            fn run(&self, _layer: usize, x: &[f32], hidden: usize, choices: &[Vec<(usize, f32)>]) -> Vec<f32> {
+                assert_eq!(hidden, self.1, "dispatch sees the latent width");
+                run_experts_local(&self.0, x, hidden, choices)
+            }
+        }
+        *block.dispatch.write().unwrap() = Some(Arc::new(Local(block.experts.clone(), latent)));
+        assert_eq!(block.forward(&x), got);
     }
 }

@@ -1,0 +1,329 @@
+//! Decode speed of a K3-shaped sparse model (896 experts, 16 active) against
+//! models with the same active parameter count, to check that a sparse
+//! model's decode cost follows its active, not its total, parameters.
+//!
+//! Three random-weight checkpoints are written to a temporary folder and
+//! loaded through the normal loader (`caracal::models::load`):
+//!
+//! 1. `k3-sparse`: `kimi_k3`, 4 layers (3 KDA + 1 MLA, AttnRes), layer 0
+//!    dense, 3 latent-MoE layers with 896 MXFP4 experts, top-16, 2 shared;
+//! 2. `k3-all-active`: the same with 16 experts, top-16 — every expert runs
+//!    for every token, so active = total for the experts; the only active
+//!    difference to (1) is the router's 896 vs 16 rows;
+//! 3. `kimi-linear-dense`: `kimi_linear` with the same attention stack and
+//!    dense bf16 SwiGLU MLPs sized so that its active parameters equal (1)'s.
+//!
+//! Each model greedily decodes 64 tokens after an 8-token prompt
+//! (`caracal::generate::generate`); the best of 3 runs is reported, as
+//! tokens/s and as ratios. Active parameters exclude the embedding table
+//! (a row lookup). Run:
+//!
+//! ```text
+//! cargo run --release --example k3_sparse_vs_dense
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use caracal::generate::{generate, GenerateRequest};
+use caracal_kernels::sampling::SamplingParams;
+use safetensors::tensor::TensorView;
+use safetensors::Dtype;
+use serde_json::{json, Value};
+
+const HIDDEN: usize = 512;
+const VOCAB: usize = 1024;
+const LAYERS: usize = 4;
+const KDA_HEADS: usize = 4;
+const KDA_DIM: usize = 128;
+const MLA_HEADS: usize = 4;
+const Q_LORA: usize = 128;
+const KV_LORA: usize = 128;
+const NOPE: usize = 64;
+const ROPE: usize = 32;
+const V_DIM: usize = 64;
+const DENSE_INTER: usize = 1024;
+const LATENT: usize = 256;
+const MOE_INTER: usize = 256;
+const SHARED: usize = 2;
+const TOP_K: usize = 16;
+const DECODE_TOKENS: usize = 64;
+const RUNS: usize = 3;
+
+/// How a tensor is stored.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// bf16, random values of the given scale.
+    Bf16(f32),
+    /// f32, constant value.
+    F32(f32),
+    /// MXFP4 `weight_packed` + `weight_scale` (name is the `.weight` base).
+    Mxfp4,
+}
+
+struct Spec {
+    name: String,
+    shape: Vec<usize>,
+    kind: Kind,
+}
+
+fn spec(v: &mut Vec<Spec>, name: String, shape: &[usize], kind: Kind) {
+    v.push(Spec { name, shape: shape.to_vec(), kind });
+}
+
+/// Tensor list of a model: `experts = Some((E, latent))` for K3, `None`
+/// with `dense_inter` for the dense kimi_linear.
+fn specs(experts: Option<usize>, dense_inter: usize) -> Vec<Spec> {
+    let k3 = experts.is_some();
+    let root = if k3 { "language_model." } else { "" };
+    let mut v = Vec::new();
+    let d = HIDDEN;
+    let p = KDA_HEADS * KDA_DIM;
+    let norm = Kind::F32(1.0);
+    let w = Kind::Bf16(0.04);
+    spec(&mut v, format!("{root}model.embed_tokens.weight"), &[VOCAB, d], Kind::Bf16(1.0));
+    spec(&mut v, format!("{root}lm_head.weight"), &[VOCAB, d], w);
+    spec(&mut v, format!("{root}model.norm.weight"), &[d], norm);
+    if k3 {
+        spec(&mut v, format!("{root}model.output_attn_res_norm.weight"), &[d], norm);
+        spec(&mut v, format!("{root}model.output_attn_res_proj.weight"), &[1, d], Kind::Bf16(0.1));
+    }
+    for i in 0..LAYERS {
+        let l = format!("{root}model.layers.{i}");
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            spec(&mut v, format!("{l}.{n}.weight"), &[d], norm);
+        }
+        if k3 {
+            for n in ["self_attention_res", "mlp_res"] {
+                spec(&mut v, format!("{l}.{n}_norm.weight"), &[d], norm);
+                spec(&mut v, format!("{l}.{n}_proj.weight"), &[1, d], Kind::Bf16(0.1));
+            }
+        }
+        let a = format!("{l}.self_attn");
+        if i + 1 < LAYERS {
+            for n in ["q_proj", "k_proj", "v_proj"] {
+                spec(&mut v, format!("{a}.{n}.weight"), &[p, d], w);
+            }
+            for n in ["q_conv1d", "k_conv1d", "v_conv1d"] {
+                spec(&mut v, format!("{a}.{n}.weight"), &[p, 1, 4], Kind::Bf16(0.3));
+            }
+            spec(&mut v, format!("{a}.f_a_proj.weight"), &[KDA_DIM, d], w);
+            spec(&mut v, format!("{a}.f_b_proj.weight"), &[p, KDA_DIM], w);
+            spec(&mut v, format!("{a}.dt_bias"), &[p], Kind::F32(-3.0));
+            spec(&mut v, format!("{a}.A_log"), &[KDA_HEADS], Kind::F32(0.0));
+            spec(&mut v, format!("{a}.b_proj.weight"), &[KDA_HEADS, d], w);
+            if k3 {
+                spec(&mut v, format!("{a}.g_proj.weight"), &[p, d], w);
+            } else {
+                spec(&mut v, format!("{a}.g_a_proj.weight"), &[KDA_DIM, d], w);
+                spec(&mut v, format!("{a}.g_b_proj.weight"), &[p, KDA_DIM], w);
+            }
+            spec(&mut v, format!("{a}.o_norm.weight"), &[KDA_DIM], norm);
+            spec(&mut v, format!("{a}.o_proj.weight"), &[d, p], w);
+        } else {
+            if k3 {
+                spec(&mut v, format!("{a}.q_a_proj.weight"), &[Q_LORA, d], w);
+                spec(&mut v, format!("{a}.q_a_layernorm.weight"), &[Q_LORA], norm);
+                spec(&mut v, format!("{a}.q_b_proj.weight"), &[MLA_HEADS * (NOPE + ROPE), Q_LORA], w);
+                spec(&mut v, format!("{a}.g_proj.weight"), &[MLA_HEADS * V_DIM, d], w);
+            } else {
+                spec(&mut v, format!("{a}.q_proj.weight"), &[MLA_HEADS * (NOPE + ROPE), d], w);
+            }
+            spec(&mut v, format!("{a}.kv_a_proj_with_mqa.weight"), &[KV_LORA + ROPE, d], w);
+            spec(&mut v, format!("{a}.kv_a_layernorm.weight"), &[KV_LORA], norm);
+            spec(&mut v, format!("{a}.kv_b_proj.weight"), &[MLA_HEADS * (NOPE + V_DIM), KV_LORA], w);
+            spec(&mut v, format!("{a}.o_proj.weight"), &[d, MLA_HEADS * V_DIM], w);
+        }
+        match experts {
+            Some(e) if i > 0 => {
+                let m = format!("{l}.block_sparse_moe");
+                spec(&mut v, format!("{m}.gate.weight"), &[e, d], w);
+                spec(&mut v, format!("{m}.gate.e_score_correction_bias"), &[e], Kind::F32(0.0));
+                spec(&mut v, format!("{m}.routed_expert_down_proj.weight"), &[LATENT, d], w);
+                spec(&mut v, format!("{m}.routed_expert_up_proj.weight"), &[d, LATENT], w);
+                spec(&mut v, format!("{m}.routed_expert_norm.weight"), &[LATENT], norm);
+                for j in 0..e {
+                    spec(&mut v, format!("{m}.experts.{j}.w1.weight"), &[MOE_INTER, LATENT], Kind::Mxfp4);
+                    spec(&mut v, format!("{m}.experts.{j}.w3.weight"), &[MOE_INTER, LATENT], Kind::Mxfp4);
+                    spec(&mut v, format!("{m}.experts.{j}.w2.weight"), &[LATENT, MOE_INTER], Kind::Mxfp4);
+                }
+                let s = format!("{m}.shared_experts");
+                spec(&mut v, format!("{s}.gate_proj.weight"), &[MOE_INTER * SHARED, d], w);
+                spec(&mut v, format!("{s}.up_proj.weight"), &[MOE_INTER * SHARED, d], w);
+                spec(&mut v, format!("{s}.down_proj.weight"), &[d, MOE_INTER * SHARED], w);
+            }
+            _ => {
+                let inter = if k3 { DENSE_INTER } else { dense_inter };
+                spec(&mut v, format!("{l}.mlp.gate_proj.weight"), &[inter, d], w);
+                spec(&mut v, format!("{l}.mlp.up_proj.weight"), &[inter, d], w);
+                spec(&mut v, format!("{l}.mlp.down_proj.weight"), &[d, inter], w);
+            }
+        }
+    }
+    v
+}
+
+/// Parameters used per decoded token: everything but the embedding table
+/// and the experts a token does not visit.
+fn active_params(specs: &[Spec], experts: Option<usize>) -> (usize, usize) {
+    let numel = |s: &Spec| s.shape.iter().product::<usize>();
+    let total: usize = specs.iter().map(numel).sum();
+    let embed: usize = specs.iter().filter(|s| s.name.ends_with("embed_tokens.weight")).map(numel).sum();
+    let idle = match experts {
+        Some(e) => (LAYERS - 1) * e.saturating_sub(TOP_K) * 3 * LATENT * MOE_INTER,
+        None => 0,
+    };
+    (total, total - embed - idle)
+}
+
+fn text_config(experts: Option<usize>, dense_inter: usize) -> Value {
+    let mut c = json!({
+        "vocab_size": VOCAB, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
+        "num_attention_heads": MLA_HEADS, "num_key_value_heads": MLA_HEADS, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 4096, "tie_word_embeddings": false, "kv_lora_rank": KV_LORA,
+        "qk_nope_head_dim": NOPE, "qk_rope_head_dim": ROPE, "v_head_dim": V_DIM, "mla_use_nope": true,
+        "linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4], "num_heads": KDA_HEADS,
+            "head_dim": KDA_DIM, "short_conv_kernel_size": 4},
+        "bos_token_id": 1, "eos_token_id": 2,
+    });
+    match experts {
+        Some(e) => {
+            let extra = json!({
+                "model_type": "kimi_linear", "hidden_act": "situ", "activation_situ_beta": 4.0,
+                "activation_situ_linear_beta": 25.0, "intermediate_size": DENSE_INTER, "q_lora_rank": Q_LORA,
+                "mla_use_output_gate": true, "num_experts": e, "num_experts_per_token": TOP_K,
+                "num_shared_experts": SHARED, "moe_intermediate_size": MOE_INTER,
+                "routed_expert_hidden_size": LATENT, "latent_moe_use_norm": true,
+                "moe_router_activation_func": "sigmoid", "moe_renormalize": true, "routed_scaling_factor": 1.0,
+                "num_expert_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "attn_res_block_size": 2,
+            });
+            merge(&mut c, extra);
+            c["linear_attn_config"]["use_full_rank_gate"] = true.into();
+            c["linear_attn_config"]["gate_lower_bound"] = (-5.0).into();
+            json!({"model_type": "kimi_k3", "text_config": c, "vision_config": {}})
+        }
+        None => {
+            let extra = json!({
+                "model_type": "kimi_linear", "hidden_act": "silu", "intermediate_size": dense_inter,
+                "q_lora_rank": null, "num_experts": 0, "first_k_dense_replace": LAYERS,
+                "mlp_layer_types": vec!["dense"; LAYERS],
+            });
+            merge(&mut c, extra);
+            c
+        }
+    }
+}
+
+fn merge(dst: &mut Value, src: Value) {
+    if let (Some(d), Value::Object(s)) = (dst.as_object_mut(), src) {
+        d.extend(s);
+    }
+}
+
+/// Deterministic pseudo-random bytes.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in [-scale, scale).
+    fn uniform(&mut self, scale: f32) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+    }
+}
+
+fn write_checkpoint(dir: &Path, config: &Value, specs: &[Spec]) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(config)?)?;
+    let mut rng = Rng(0x9E3779B97F4A7C15);
+    let mut blobs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for s in specs {
+        let n: usize = s.shape.iter().product();
+        match s.kind {
+            Kind::Bf16(scale) => {
+                let data = (0..n).flat_map(|_| caracal_kernels::dtype::f32_to_bf16(rng.uniform(scale)).to_le_bytes()).collect();
+                blobs.push((s.name.clone(), Dtype::BF16, s.shape.clone(), data));
+            }
+            Kind::F32(value) => {
+                blobs.push((s.name.clone(), Dtype::F32, s.shape.clone(), (0..n).flat_map(|_| value.to_le_bytes()).collect()));
+            }
+            Kind::Mxfp4 => {
+                let base = s.name.strip_suffix(".weight").expect("MXFP4 specs name a .weight");
+                let (rows, cols) = (s.shape[0], s.shape[1]);
+                let packed = (0..rows * cols / 2).map(|_| rng.next() as u8).collect();
+                // E8M0 2^-6: elements of magnitude ≤ 6/64, like a trained layer's.
+                let scales = vec![121u8; rows * cols / 32];
+                blobs.push((format!("{base}.weight_packed"), Dtype::U8, vec![rows, cols / 2], packed));
+                blobs.push((format!("{base}.weight_scale"), Dtype::U8, vec![rows, cols / 32], scales));
+            }
+        }
+    }
+    let views: Vec<(String, TensorView)> =
+        blobs.iter().map(|(n, d, s, b)| Ok((n.clone(), TensorView::new(*d, s.clone(), b)?))).collect::<Result<_>>()?;
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors"))?;
+    Ok(())
+}
+
+/// Best decode tokens/s over [`RUNS`] greedy runs.
+fn decode_speed(dir: &Path) -> Result<f64> {
+    let model = caracal::models::load(dir)?;
+    let req = GenerateRequest {
+        prompt_ids: (1..=8).collect(),
+        max_tokens: DECODE_TOKENS + 1,
+        sampling: SamplingParams::greedy(),
+        stop_ids: Vec::new(),
+    };
+    let mut best: f64 = 0.0;
+    for _ in 0..RUNS {
+        let g = generate(model.as_ref(), &req, |_| {})?;
+        best = best.max(g.decode_tokens_per_s);
+    }
+    Ok(best)
+}
+
+fn main() -> Result<()> {
+    let root: PathBuf = std::env::temp_dir().join(format!("caracal-k3-bench-{}", std::process::id()));
+    let sparse = specs(Some(896), 0);
+    let all_active = specs(Some(TOP_K), 0);
+    let (sparse_total, target) = active_params(&sparse, Some(896));
+    let (aa_total, aa_active) = active_params(&all_active, Some(TOP_K));
+    // The dense model's parameters are linear in its MLP width: solve for it.
+    let (_, a32) = active_params(&specs(None, 32), None);
+    let (_, a64) = active_params(&specs(None, 64), None);
+    let per32 = a64 - a32;
+    let inter = ((32.0 + (target as f64 - a32 as f64) / per32 as f64 * 32.0) / 32.0).round() as usize * 32;
+    let dense = specs(None, inter);
+    let (dense_total, dense_active) = active_params(&dense, None);
+
+    let rows = [
+        ("k3-sparse (896 experts, top-16)", "sparse", text_config(Some(896), 0), &sparse, sparse_total, target),
+        ("k3-all-active (16 experts, top-16)", "all-active", text_config(Some(TOP_K), 0), &all_active, aa_total, aa_active),
+        ("kimi-linear-dense (bf16 MLP)", "dense", text_config(None, inter), &dense, dense_total, dense_active),
+    ];
+    let threads = rayon::current_num_threads();
+    println!("K3 sparse vs dense decode: hidden {HIDDEN}, {LAYERS} layers (3 KDA + 1 MLA), latent {LATENT}, expert inter {MOE_INTER}, MXFP4 experts, dense MLP width {inter}; {threads} threads, greedy {DECODE_TOKENS} tokens after an 8-token prompt, best of {RUNS}");
+    let mut speeds = Vec::new();
+    for (label, tag, config, specs, total, active) in rows.iter() {
+        let dir = root.join(tag);
+        write_checkpoint(&dir, config, specs)?;
+        let tps = decode_speed(&dir)?;
+        println!("{label:38} total {:>7.1}M  active {:>6.2}M  decode {tps:>8.1} tok/s", *total as f64 / 1e6, *active as f64 / 1e6);
+        speeds.push(tps);
+        std::fs::remove_dir_all(&dir)?;
+    }
+    println!(
+        "ratio sparse/all-active speed {:.3} (total params ×{:.1}, active ×{:.3}); sparse/dense speed {:.3} (active ×{:.3})",
+        speeds[0] / speeds[1],
+        sparse_total as f64 / aa_total as f64,
+        target as f64 / aa_active as f64,
+        speeds[0] / speeds[2],
+        target as f64 / dense_active as f64,
+    );
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
