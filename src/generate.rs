@@ -37,7 +37,7 @@ impl LoadedModel {
             return Err(Error::io(dir, std::io::Error::new(std::io::ErrorKind::NotFound, "model folder does not exist")));
         }
         let model = models::load(dir)?;
-        let tokenizer = if dir.join("tokenizer.json").exists() { Some(TextTokenizer::from_dir(dir)?) } else { None };
+        let tokenizer = if TextTokenizer::exists_in(dir) { Some(TextTokenizer::from_dir(dir)?) } else { None };
         Ok(LoadedModel { dir: dir.to_path_buf(), model, tokenizer })
     }
 }

@@ -218,8 +218,8 @@ mod tests {
         let loads = vec![vec![100, 1, 1, 1, 50, 50]];
         let p = balanced(&loads, 2);
         let load = |s| p[0].iter().zip(&loads[0]).filter(|(&o, _)| o == s).map(|(_, &l)| l).sum::<u64>();
-        assert_eq!(load(0), 103);
-        assert_eq!(load(1), 100);
+        assert_eq!(load(0) + load(1), 203);
+        assert!(load(0).abs_diff(load(1)) <= 1, "{} vs {}", load(0), load(1));
     }
 
     #[test]
