@@ -10,10 +10,13 @@ Same GGUF, same thread counts, same text, in one run:
     `llama-quantize --allow-requantize`: Q4_0, MXFP4 for every block tensor
     (`--tensor-type 'blk\\..*=mxfp4'`, embedding Q8_0) and the same with a
     BF16 embedding (what Caracal's default MXFP4 checkpoint keeps);
-  * speed: `llama-bench -p 64,512 -n 128 -t 1,2 -r REPS` for llama.cpp and
-    `caracal generate --json` for Caracal (prefill tok/s of a 64- and a
-    512-token prompt; decode tok/s over 128 tokens after a 1-token prompt, as
-    llama-bench's tg128 does), with RAYON_NUM_THREADS = the thread count;
+  * speed: `llama-bench` (pp64, pp512, tg128; one timed run per call after
+    its own warm-up) for llama.cpp and `caracal generate --json` for Caracal
+    (prefill tok/s of a 64- and a 512-token prompt; decode tok/s over 128
+    tokens after a 1-token prompt, as llama-bench's tg128 does), with
+    `-t N` / RAYON_NUM_THREADS=N. Runs are interleaved (every variant once
+    per repetition) so that load drift on a shared machine hits all alike;
+    cells report the median and the best run;
   * quality: `llama-perplexity -c 512` and `caracal eval ppl --ctx 512` on
     /usr/share/common-licenses/GPL-3 (2 threads);
   * the memory-bandwidth ceiling: streaming read bandwidth measured now with
@@ -101,7 +104,8 @@ def gguf_bytes(cbin, path):
 
 
 def stats(xs):
-    return {"mean": statistics.mean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0, "samples": xs}
+    return {"mean": statistics.mean(xs), "median": statistics.median(xs), "max": max(xs),
+            "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0, "samples": xs}
 
 
 def prompt_ids(n):
@@ -109,26 +113,41 @@ def prompt_ids(n):
     return ",".join(str(17 + (i * 7919 + 104729) % (49152 - 17)) for i in range(n))
 
 
-def caracal_speed(cbin, model, threads, reps):
+def caracal_once(cbin, model, threads, test):
+    """One Caracal measurement, tokens/s: `pp64`, `pp512` (prefill) or `tg128` (decode)."""
     env = {"RAYON_NUM_THREADS": str(threads)}
-    res = {}
-    gen = lambda ids, n: json.loads(run([cbin, "generate", "--model", model, "--prompt-ids", ids, "--max-tokens", str(n),
-                                         "--ignore-eos", "--json"], env=env).stdout.strip().splitlines()[-1])
-    gen(prompt_ids(16), 4)  # warm-up: page in the weights
-    for n in (64, 512):
-        res[f"pp{n}"] = stats([gen(prompt_ids(n), 1)["prefill_tokens_per_s"] for _ in range(reps)])
-    res["tg128"] = stats([gen(prompt_ids(1), 129)["decode_tokens_per_s"] for _ in range(reps)])
-    return res
+    if test.startswith("pp"):
+        ids, n, field = prompt_ids(int(test[2:])), 1, "prefill_tokens_per_s"
+    else:
+        ids, n, field = prompt_ids(1), int(test[2:]) + 1, "decode_tokens_per_s"
+    out = run([cbin, "generate", "--model", model, "--prompt-ids", ids, "--max-tokens", str(n), "--ignore-eos", "--json"], env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])[field]
 
 
-def llama_speed(model, threads, reps):
-    out = run([LLAMA_BIN / "llama-bench", "-m", model, "-p", "64,512", "-n", "128", "-t", ",".join(map(str, threads)),
-               "-r", str(reps), "-o", "json"]).stdout
-    res = {t: {} for t in threads}
-    for r in json.loads(out):
-        key = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
-        res[int(r["n_threads"])][key] = {"mean": r["avg_ts"], "sd": r["stddev_ts"], "samples": r.get("samples_ts", [])}
-    return res
+def llama_once(model, threads, test):
+    """One llama-bench measurement (its own warm-up run, then one timed run), tokens/s."""
+    p, n = (test[2:], "0") if test.startswith("pp") else ("0", test[2:])
+    out = run([LLAMA_BIN / "llama-bench", "-m", model, "-p", p, "-n", n, "-t", str(threads), "-r", "1", "-o", "json"]).stdout
+    rows = [r for r in json.loads(out) if r["n_prompt"] + r["n_gen"] > 0]
+    return rows[0]["avg_ts"]
+
+
+def speed_all(cbin, variants, threads, reps):
+    """Interleaved measurements: for each repetition, every variant once per
+    (threads, test), so that load drift on a shared machine hits all alike."""
+    tests = ("pp64", "pp512", "tg128")
+    samples = {v[0]: {t: {k: [] for k in tests} for t in threads} for v in variants}
+    for name, engine, path, *_ in variants:  # warm-up: page the weights in
+        if engine == "caracal":
+            caracal_once(cbin, path, 1, "pp64")
+    for rep in range(reps):
+        for t in threads:
+            for k in tests:
+                for name, engine, path, *_ in variants:
+                    x = caracal_once(cbin, path, t, k) if engine == "caracal" else llama_once(path, t, k)
+                    samples[name][t][k].append(x)
+        log(f"repetition {rep + 1}/{reps} done; CPU pressure avg10 {cpu_pressure()}%")
+    return {n: {t: {k: stats(xs) for k, xs in per_t.items()} for t, per_t in per.items()} for n, per in samples.items()}
 
 
 def caracal_ppl(cbin, model):
@@ -207,6 +226,7 @@ def main():
     if not membw.exists():
         run(["cc", "-O3", "-mavx2", "-mfma", "-pthread", ROOT / "bench" / "membw.c", "-o", membw])
     bw = {t: float(run([membw, str(t), "1024", "5"]).stdout.strip()) for t in threads}
+    log(f"streaming read bandwidth: {bw} GB/s")
     results["bandwidth_gbs"] = bw
 
     for name, engine, path, speed, what in variants:
@@ -218,13 +238,11 @@ def main():
         if not args.no_ppl:
             v["ppl"] = caracal_ppl(cbin, path) if engine == "caracal" else llama_ppl(path)
             log(f"{name}: PPL {v['ppl']['ppl']:.4f}")
-        if speed and not args.no_speed:
-            if engine == "caracal":
-                v["speed"] = {t: caracal_speed(cbin, path, t, args.reps) for t in threads}
-            else:
-                v["speed"] = llama_speed(path, threads, args.reps)
-            log(f"{name}: {json.dumps({t: {k: round(x['mean'], 1) for k, x in s.items()} for t, s in v['speed'].items()})}")
         results["variants"][name] = v
+    if not args.no_speed:
+        timed = [v for v in variants if v[3]]
+        for name, per in speed_all(cbin, timed, threads, args.reps).items():
+            results["variants"][name]["speed"] = per
     results["cpu_pressure_avg10_end"] = cpu_pressure()
     (WORK / "results.json").write_text(json.dumps(results, indent=1, default=str))
     print(render(results, threads))
@@ -247,12 +265,14 @@ def render(r, threads):
             s = v.get("speed", {}).get(t) or v.get("speed", {}).get(str(t))
             if s:
                 ceil = bw[t] * 1e9 / v["bytes_per_token"]
-                row += "".join(f" {s[k]['mean']:.1f} ± {s[k]['sd']:.1f} |" for k in ("pp64", "pp512", "tg128"))
-                row += f" {100 * s['tg128']['mean'] / ceil:.0f}% of {ceil:.0f} |"
+                row += "".join(f" {s[k]['median']:.1f} ({s[k]['max']:.1f}) |" for k in ("pp64", "pp512", "tg128"))
+                row += f" {100 * s['tg128']['max'] / ceil:.0f}% of {ceil:.0f} |"
             else:
                 row += " - | - | - | - |"
         lines.append(row)
     lines.append("")
+    lines.append("Speed cells: median (best) tokens/s over the repetitions; '% ceiling' uses the best tg128.")
+    lines.append("Ratios: median (best).")
     lines.append("Bandwidth (bench/membw.c, now): " + ", ".join(f"{bw[t]:.1f} GB/s at {t} thread(s)" for t in threads)
                  + f"; reference figures {REF_BW[1]} / {REF_BW[2]} GB/s.")
     lines.append(f"CPU pressure avg10: start {r.get('cpu_pressure_avg10_start')}%, end {r.get('cpu_pressure_avg10_end')}%.")
@@ -261,7 +281,7 @@ def render(r, threads):
         try:
             sa = V[a]["speed"].get(t) or V[a]["speed"][str(t)]
             sb = V[b]["speed"].get(t) or V[b]["speed"][str(t)]
-            return sa[k]["mean"] / sb[k]["mean"]
+            return sa[k]["median"] / sb[k]["median"], sa[k]["max"] / sb[k]["max"]
         except (KeyError, TypeError, ZeroDivisionError):
             return None
 
@@ -277,7 +297,7 @@ def render(r, threads):
                 for k in ("pp64", "pp512", "tg128"):
                     x = ratio(a, b, t, k)
                     if x is not None:
-                        parts.append(f"{k} t{t} {x:.2f}x")
+                        parts.append(f"{k} t{t} {x[0]:.2f}x ({x[1]:.2f}x)")
             ppl = ""
             if "ppl" in V[a] and "ppl" in V[b]:
                 ppl = f"; PPL {V[a]['ppl']['ppl']:.3f} vs {V[b]['ppl']['ppl']:.3f}"

@@ -14,9 +14,11 @@
 //!    dense bf16 SwiGLU MLPs sized so that its active parameters equal (1)'s.
 //!
 //! Each model greedily decodes 64 tokens after an 8-token prompt
-//! (`caracal::generate::generate`); the best of 3 runs is reported, as
-//! tokens/s and as ratios. Active parameters exclude the embedding table
-//! (a row lookup). Run:
+//! (`caracal::generate::generate`). The three models are loaded together and
+//! timed in interleaved rounds (so that load from other processes hits all
+//! of them alike); the best of [`RUNS`] rounds is reported, as tokens/s and
+//! as ratios. Active parameters exclude the embedding table (a row lookup).
+//! Run:
 //!
 //! ```text
 //! cargo run --release --example k3_sparse_vs_dense
@@ -48,7 +50,7 @@ const MOE_INTER: usize = 256;
 const SHARED: usize = 2;
 const TOP_K: usize = 16;
 const DECODE_TOKENS: usize = 64;
-const RUNS: usize = 3;
+const RUNS: usize = 10;
 
 /// How a tensor is stored.
 #[derive(Clone, Copy, PartialEq)]
@@ -269,21 +271,15 @@ fn write_checkpoint(dir: &Path, config: &Value, specs: &[Spec]) -> Result<()> {
     Ok(())
 }
 
-/// Best decode tokens/s over [`RUNS`] greedy runs.
-fn decode_speed(dir: &Path) -> Result<f64> {
-    let model = caracal::models::load(dir)?;
+/// Decode tokens/s of one greedy run.
+fn decode_speed(model: &dyn caracal::models::CausalLm) -> Result<f64> {
     let req = GenerateRequest {
         prompt_ids: (1..=8).collect(),
         max_tokens: DECODE_TOKENS + 1,
         sampling: SamplingParams::greedy(),
         stop_ids: Vec::new(),
     };
-    let mut best: f64 = 0.0;
-    for _ in 0..RUNS {
-        let g = generate(model.as_ref(), &req, |_| {})?;
-        best = best.max(g.decode_tokens_per_s);
-    }
-    Ok(best)
+    Ok(generate(model, &req, |_| {})?.decode_tokens_per_s)
 }
 
 fn main() -> Result<()> {
@@ -307,14 +303,20 @@ fn main() -> Result<()> {
     ];
     let threads = rayon::current_num_threads();
     println!("K3 sparse vs dense decode: hidden {HIDDEN}, {LAYERS} layers (3 KDA + 1 MLA), latent {LATENT}, expert inter {MOE_INTER}, MXFP4 experts, dense MLP width {inter}; {threads} threads, greedy {DECODE_TOKENS} tokens after an 8-token prompt, best of {RUNS}");
-    let mut speeds = Vec::new();
-    for (label, tag, config, specs, total, active) in rows.iter() {
+    let mut models = Vec::new();
+    for (_, tag, config, specs, _, _) in rows.iter() {
         let dir = root.join(tag);
         write_checkpoint(&dir, config, specs)?;
-        let tps = decode_speed(&dir)?;
+        models.push(caracal::models::load(&dir)?);
+    }
+    let mut speeds = vec![0.0f64; rows.len()];
+    for _ in 0..RUNS {
+        for (s, m) in speeds.iter_mut().zip(&models) {
+            *s = s.max(decode_speed(m.as_ref())?);
+        }
+    }
+    for ((label, _, _, _, total, active), tps) in rows.iter().zip(&speeds) {
         println!("{label:38} total {:>7.1}M  active {:>6.2}M  decode {tps:>8.1} tok/s", *total as f64 / 1e6, *active as f64 / 1e6);
-        speeds.push(tps);
-        std::fs::remove_dir_all(&dir)?;
     }
     println!(
         "ratio sparse/all-active speed {:.3} (total params ×{:.1}, active ×{:.3}); sparse/dense speed {:.3} (active ×{:.3})",

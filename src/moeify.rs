@@ -172,7 +172,7 @@ pub fn plan_split(intermediate: usize, opts: &MoeifyOptions) -> Result<FfnSplit>
     if !(0.0..1.0).contains(&opts.shared_fraction) {
         return Err(Error::Config(format!("moeify: --shared-fraction must be in [0, 1), got {}", opts.shared_fraction)));
     }
-    let align = if intermediate % 32 == 0 && intermediate >= 64 { 32 } else { 1 };
+    let align = if intermediate.is_multiple_of(32) && intermediate >= 64 { 32 } else { 1 };
     let units = intermediate / align;
     let mut shared = ((opts.shared_fraction * units as f64).round() as usize).min(units - 1) * align;
     let (m, routed, down_scale) = match opts.variant {
@@ -423,7 +423,7 @@ fn router_keys(opts: &MoeifyOptions, split: &FfnSplit) -> Result<LlamaMoeConfig>
         }
     };
     let n_group = opts.n_group.unwrap_or(match opts.variant {
-        Variant::Copy if e >= 4 && e % 2 == 0 && top_k <= e / 2 => 2,
+        Variant::Copy if e >= 4 && e.is_multiple_of(2) && top_k <= e / 2 => 2,
         _ => 1,
     });
     let topk_group = opts.topk_group.unwrap_or(match opts.variant {

@@ -27,9 +27,14 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// Largest input row count served by the GEMV kernels; larger batches use the
-/// blocked GEMM path. Range 1..=4 (the kernels are instantiated for 1–4 rows).
-pub const GEMV_MAX_N: usize = 4;
+/// Largest input row count served by the GEMV kernels (decode batches);
+/// larger batches use the blocked GEMM path. The kernels are instantiated for
+/// 1–4 inputs; 5–16 inputs run in groups of 4 over the same row chunk, so a
+/// chunk of weights is read from DRAM once and re-read from L2. Range 1..=16.
+pub const GEMV_MAX_N: usize = 16;
+
+/// Inputs one kernel instance handles at once (its accumulators fill the registers).
+const GEMV_GROUP: usize = 4;
 
 /// Below this many multiply-adds (`n·rows·cols`) a GEMV runs on the calling
 /// thread: splitting costs a few microseconds of rayon wake-up, more than the
@@ -403,6 +408,23 @@ impl<E: Elem> Gemv<'_, E> {
     /// `isa` is supported, `r1 <= rows`, the shapes were checked, and no
     /// other task writes rows `r0..r1` meanwhile.
     unsafe fn run(&self, isa: Isa, n: usize, r0: usize, r1: usize) {
+        if n > GEMV_GROUP {
+            // Groups of inputs over the same rows: the weight rows stay in cache.
+            for g in (0..n).step_by(GEMV_GROUP) {
+                let m = GEMV_GROUP.min(n - g);
+                let sub = Gemv {
+                    x: &self.x[g * self.cols..(g + m) * self.cols],
+                    w: self.w,
+                    rows: self.rows,
+                    cols: self.cols,
+                    // SAFETY: input g's outputs start at row g of out[n, rows].
+                    out: OutPtr(unsafe { self.out.get().add(g * self.rows) }),
+                };
+                // SAFETY: same row range, disjoint inputs, caller's guarantees.
+                unsafe { sub.run(isa, m, r0, r1) };
+            }
+            return;
+        }
         match n {
             1 => self.run_n::<1>(isa, r0, r1),
             2 => self.run_n::<2>(isa, r0, r1),

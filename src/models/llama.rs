@@ -128,7 +128,7 @@ impl LlamaMoeConfig {
             other => return Err(Error::Config(format!("unsupported scoring_func `{other}` (supported: sigmoid, softmax)"))),
         };
         let e = self.n_routed_experts;
-        if e == 0 || self.n_group == 0 || e % self.n_group != 0 {
+        if e == 0 || self.n_group == 0 || !e.is_multiple_of(self.n_group) {
             return Err(Error::Config(format!("n_routed_experts {e} must be > 0 and divisible by n_group {}", self.n_group)));
         }
         if !(1..=self.n_group).contains(&self.topk_group) {
@@ -178,7 +178,8 @@ fn d_scoring() -> String {
     "sigmoid".into()
 }
 
-/// The feed-forward part of a layer.
+/// The feed-forward part of a layer (one per layer, so variant sizes do not matter).
+#[allow(clippy::large_enum_variant)]
 enum Ffn {
     /// LLaMA's SwiGLU MLP.
     Dense(Mlp),
