@@ -169,6 +169,7 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--no-speed", action="store_true")
     ap.add_argument("--no-ppl", action="store_true")
+    ap.add_argument("--reuse-ppl", action="store_true", help="take perplexities from the previous results.json")
     ap.add_argument("--only", default="", help="comma-separated subset of variant names")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
@@ -215,6 +216,9 @@ def main():
         keep = set(args.only.split(","))
         variants = [v for v in variants if v[0] in keep]
 
+    previous = {}
+    if (WORK / "results.json").exists():
+        previous = json.loads((WORK / "results.json").read_text()).get("variants", {})
     results = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": threads, "reps": args.reps, "variants": {}}
     psi0 = cpu_pressure()
     results["cpu_pressure_avg10_start"] = psi0
@@ -235,7 +239,9 @@ def main():
             v["bytes_per_token"] = safetensors_bytes(path)
         else:
             v["bytes_per_token"], params = gguf_bytes(cbin, path)
-        if not args.no_ppl:
+        if args.reuse_ppl and "ppl" in previous.get(name, {}):
+            v["ppl"] = previous[name]["ppl"]
+        elif not args.no_ppl:
             v["ppl"] = caracal_ppl(cbin, path) if engine == "caracal" else llama_ppl(path)
             log(f"{name}: PPL {v['ppl']['ppl']:.4f}")
         results["variants"][name] = v

@@ -366,6 +366,13 @@ fn fused_expert_matrix_equals_per_expert_weights() {
             }
         }
     }
+    // inspect splits the fused tensors per expert (dim 0) under the `experts` module.
+    let r = inspect_checkpoint(&dir.0).unwrap();
+    assert_eq!(r.mxfp4.len(), e);
+    for (j, x) in r.mxfp4.iter().enumerate() {
+        assert_eq!((x.scope.as_str(), x.expert, x.matrices), ("m.experts", Some(j), 2), "gate_up and down of expert {j}");
+        assert_eq!(x.stats.blocks as usize, 2 * inter * hidden / 32 + hidden * inter / 32);
+    }
     let err = ckpt.fused_expert_matrix("m.experts.gate_up_proj", e, 0, inter, hidden).unwrap_err().to_string();
     assert!(err.contains("outside"), "{err}");
     let err = ckpt.fused_expert_matrix("m.experts.gate_up_proj", 0, inter, inter + 1, hidden).unwrap_err().to_string();

@@ -13,7 +13,6 @@
 
 use rayon::prelude::*;
 
-use crate::gemm::dot_f32;
 use crate::paged::KvPool;
 
 /// Head layout of one attention layer.
@@ -140,40 +139,106 @@ pub fn paged_attention(
     );
     let k_width = shape.kv_heads * hd;
 
-    out.par_chunks_mut(vd).enumerate().for_each_init(
-        Vec::new,
-        |scores: &mut Vec<f32>, (idx, o)| {
-            let (i, h) = (idx / shape.q_heads, idx % shape.q_heads);
-            let kvh = h / group;
-            let qv = &q[i * qw + h * hd..i * qw + (h + 1) * hd];
-            let ctx = start_pos + i + 1;
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for p in 0..ctx {
-                let row = pool.row(layer, block_table, p);
-                let s = dot_f32(qv, &row[kvh * hd..(kvh + 1) * hd]) * scale;
-                max = max.max(s);
-                scores.push(s);
+    // One task per (query, KV head): the `group` query heads that share a KV
+    // head read each cached K/V row once. Their outputs are contiguous.
+    let job = GroupJob { q, pool, layer, block_table, start_pos, shape, scale, qw, k_width };
+    #[cfg(target_arch = "x86_64")]
+    let wide = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    #[cfg(not(target_arch = "x86_64"))]
+    let wide = false;
+    out.par_chunks_mut(group * shape.v_dim).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
+        #[cfg(target_arch = "x86_64")]
+        if wide {
+            // SAFETY: AVX2 and FMA were detected at run time.
+            unsafe { attend_group_avx2(&job, idx, scores, o) };
+            return;
+        }
+        let _ = wide;
+        attend_group(&job, idx, scores, o);
+    });
+}
+
+/// Everything one (query, KV head) task reads.
+struct GroupJob<'a> {
+    q: &'a [f32],
+    pool: &'a KvPool,
+    layer: usize,
+    block_table: &'a [u32],
+    start_pos: usize,
+    shape: &'a AttnShape,
+    scale: f32,
+    qw: usize,
+    k_width: usize,
+}
+
+/// [`attend_group`] compiled for AVX2 + FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_group_avx2(job: &GroupJob<'_>, idx: usize, scores: &mut Vec<f32>, o: &mut [f32]) {
+    attend_group(job, idx, scores, o)
+}
+
+/// Attention of the `group` query heads of one KV head for one query.
+#[inline(always)]
+fn attend_group(job: &GroupJob<'_>, idx: usize, scores: &mut Vec<f32>, o: &mut [f32]) {
+    let shape = job.shape;
+    let (hd, vd, group) = (shape.head_dim, shape.v_dim, shape.group());
+    let (i, kvh) = (idx / shape.kv_heads, idx % shape.kv_heads);
+    let ctx = job.start_pos + i + 1;
+    scores.clear();
+    scores.resize(group * ctx, 0.0);
+    let q0 = i * job.qw + kvh * group * hd;
+    for p in 0..ctx {
+        let k = &job.pool.row(job.layer, job.block_table, p)[kvh * hd..(kvh + 1) * hd];
+        for g in 0..group {
+            let qv = &job.q[q0 + g * hd..q0 + (g + 1) * hd];
+            scores[g * ctx + p] = dot_lanes(qv, k) * job.scale;
+        }
+    }
+    o.fill(0.0);
+    for g in 0..group {
+        let row = &mut scores[g * ctx..(g + 1) * ctx];
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f32;
+        for s in row.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        for s in row.iter_mut() {
+            *s *= inv;
+        }
+    }
+    for p in 0..ctx {
+        let row = job.pool.row(job.layer, job.block_table, p);
+        let vv = &row[job.k_width + kvh * vd..job.k_width + (kvh + 1) * vd];
+        for g in 0..group {
+            let w = scores[g * ctx + p];
+            for (a, &b) in o[g * vd..(g + 1) * vd].iter_mut().zip(vv) {
+                *a += w * b;
             }
-            let mut sum = 0.0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            o.fill(0.0);
-            for (p, &w) in scores.iter().enumerate() {
-                let row = pool.row(layer, block_table, p);
-                let vv = &row[k_width + kvh * vd..k_width + (kvh + 1) * vd];
-                for (a, &b) in o.iter_mut().zip(vv) {
-                    *a += w * b;
-                }
-            }
-            let inv = 1.0 / sum;
-            for a in o.iter_mut() {
-                *a *= inv;
-            }
-        },
-    );
+        }
+    }
+}
+
+/// Dot product with 8 independent lanes, so the compiler vectorises it
+/// inline (head dims are small; a dispatched call per key costs more than
+/// the arithmetic).
+#[inline(always)]
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut tail = 0.0;
+    for (x, y) in ra.iter().zip(rb) {
+        tail += x * y;
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// Plain causal GQA attention on contiguous K/V, accumulated in f64 (the
