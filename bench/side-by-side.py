@@ -227,8 +227,9 @@ def main():
 
     # --- bandwidth ---------------------------------------------------------------
     membw = WORK / "membw"
-    if not membw.exists():
-        run(["cc", "-O3", "-mavx2", "-mfma", "-pthread", ROOT / "bench" / "membw.c", "-o", membw])
+    src = ROOT / "bench" / "membw.c"
+    if not membw.exists() or membw.stat().st_mtime < src.stat().st_mtime:
+        run(["cc", "-O3", "-mavx2", "-mfma", "-pthread", src, "-o", membw])
     bw = {t: float(run([membw, str(t), "1024", "5"]).stdout.strip()) for t in threads}
     log(f"streaming read bandwidth: {bw} GB/s")
     results["bandwidth_gbs"] = bw
