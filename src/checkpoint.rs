@@ -274,7 +274,7 @@ impl Checkpoint {
     /// An MXFP4 matrix from a `weight_packed` / `weight_scale` pair, checked
     /// against `[rows, cols]`.
     fn packed_matrix(&self, packed: &str, scale: &str, rows: usize, cols: usize) -> Result<Matrix> {
-        if cols % caracal_kernels::mxfp4::BLOCK_ELEMS != 0 {
+        if !cols.is_multiple_of(caracal_kernels::mxfp4::BLOCK_ELEMS) {
             return Err(Error::TensorShape { name: packed.into(), expected: vec![rows, cols / 2], found: self.entry(packed)?.shape.clone() });
         }
         for (n, shape) in [(packed, [rows, cols / 2]), (scale, [rows, cols / caracal_kernels::mxfp4::BLOCK_ELEMS])] {
@@ -315,7 +315,7 @@ impl Checkpoint {
             }
             let nb = cols / BLOCK_ELEMS;
             let (experts, total_rows) = match b.shape.as_slice() {
-                [e, r, c, 16] if cols % BLOCK_ELEMS == 0 && *c == nb => (*e, *r),
+                [e, r, c, 16] if cols.is_multiple_of(BLOCK_ELEMS) && *c == nb => (*e, *r),
                 _ => {
                     return Err(Error::TensorShape {
                         name: blocks_name,

@@ -240,10 +240,12 @@ type Piece<'a> = (String, Option<usize>, &'a [u8], &'a [u8]);
 pub fn inspect(path: &Path) -> Result<InspectReport> {
     if path.is_file() {
         let mut magic = [0u8; 4];
-        let is_gguf = std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && &magic == b"GGUF"
+        let is_gguf = std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok()
+            && &magic == b"GGUF"
             || path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
         if is_gguf {
-            let info = gguf_info(path).map_err(|e| Error::BadFile { what: "GGUF file", path: path.to_path_buf(), detail: e.to_string() })?;
+            let info =
+                gguf_info(path).map_err(|e| Error::BadFile { what: "GGUF file", path: path.to_path_buf(), detail: e.to_string() })?;
             return Ok(InspectReport::Gguf(Box::new(info)));
         }
         return Err(Error::Config(format!("{} is a file but not a GGUF; pass a checkpoint folder", path.display())));
@@ -276,7 +278,8 @@ pub fn inspect_checkpoint(dir: &Path) -> Result<CheckpointReport> {
             Some(Mxfp4Role::Scales) => 0,
             None => numel,
         };
-        let row = TensorRow { name: name.to_string(), dtype: e.dtype.name().to_string(), shape: e.shape.clone(), bytes: e.len as u64, params };
+        let row =
+            TensorRow { name: name.to_string(), dtype: e.dtype.name().to_string(), shape: e.shape.clone(), bytes: e.len as u64, params };
         let pattern = name_pattern(name);
         let g = groups.entry((pattern.clone(), row.dtype.clone())).or_insert_with(|| GroupRow {
             pattern,
@@ -308,9 +311,12 @@ pub fn inspect_checkpoint(dir: &Path) -> Result<CheckpointReport> {
     let mut total = ScaleStats::default();
     for (scope, expert, s) in per_piece {
         total.merge(&s);
-        let x = by_expert
-            .entry((scope.clone(), expert))
-            .or_insert_with(|| ExpertScales { scope, expert, matrices: 0, stats: ScaleStats::default() });
+        let x = by_expert.entry((scope.clone(), expert)).or_insert_with(|| ExpertScales {
+            scope,
+            expert,
+            matrices: 0,
+            stats: ScaleStats::default(),
+        });
         x.matrices += 1;
         x.stats.merge(&s);
     }
@@ -376,7 +382,12 @@ fn mxfp4_pieces(ckpt: &Checkpoint) -> Result<Vec<Piece<'_>>> {
             let per = scales.len() / experts.max(1);
             let scope = base.rsplit_once('.').map(|(s, _)| s.to_string()).unwrap_or_else(|| base.to_string());
             for j in 0..experts {
-                out.push((scope.clone(), Some(j), &packed[j * per * BLOCK_BYTES..(j + 1) * per * BLOCK_BYTES], &scales[j * per..(j + 1) * per]));
+                out.push((
+                    scope.clone(),
+                    Some(j),
+                    &packed[j * per * BLOCK_BYTES..(j + 1) * per * BLOCK_BYTES],
+                    &scales[j * per..(j + 1) * per],
+                ));
             }
         }
     }
@@ -434,7 +445,14 @@ impl CheckpointReport {
         writeln!(f, "quantization  {}", self.quantization.as_deref().unwrap_or("none"))?;
         writeln!(f, "files         {}", self.shards.join(", "))?;
         let bpp = if self.params > 0 { self.bytes as f64 * 8.0 / self.params as f64 } else { 0.0 };
-        writeln!(f, "tensors       {} ({} parameters, {} bytes = {}, {bpp:.2} bits/parameter)", self.tensors.len(), self.params, self.bytes, human(self.bytes))?;
+        writeln!(
+            f,
+            "tensors       {} ({} parameters, {} bytes = {}, {bpp:.2} bits/parameter)",
+            self.tensors.len(),
+            self.params,
+            self.bytes,
+            human(self.bytes)
+        )?;
         for d in &self.dtypes {
             writeln!(f, "  {:<6} {:>6} tensors {:>14} bytes ({})", d.dtype, d.count, d.bytes, human(d.bytes))?;
         }
@@ -453,7 +471,11 @@ impl CheckpointReport {
             return Ok(());
         }
         writeln!(f, "\nMXFP4 block scales (exponent = E8M0 byte - 127; saturated = ±6 code under scale 0xFE)")?;
-        writeln!(f, "  {:<44} {:>4} {:>10} {:>5} {:>5} {:>5} {:>6} {:>6} {:>9}  histogram (min..max)", "scope", "mats", "blocks", "min", "med", "max", "NaN", "satur.", "±6 blocks")?;
+        writeln!(
+            f,
+            "  {:<44} {:>4} {:>10} {:>5} {:>5} {:>5} {:>6} {:>6} {:>9}  histogram (min..max)",
+            "scope", "mats", "blocks", "min", "med", "max", "NaN", "satur.", "±6 blocks"
+        )?;
         // Per scope (all experts of a layer together) unless every expert is asked for.
         let mut scopes: BTreeMap<&str, (usize, usize, ScaleStats)> = BTreeMap::new();
         for x in &self.mxfp4 {

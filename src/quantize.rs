@@ -132,7 +132,11 @@ pub struct QuantizeReport {
 impl std::fmt::Display for QuantizeReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mb = |b: u64| b as f64 / 1e6;
-        writeln!(f, "quantized {} weights ({} params) to MXFP4; kept {} tensors ({} params)", self.quantized, self.params_quantized, self.kept, self.params_kept)?;
+        writeln!(
+            f,
+            "quantized {} weights ({} params) to MXFP4; kept {} tensors ({} params)",
+            self.quantized, self.params_quantized, self.kept, self.params_kept
+        )?;
         writeln!(
             f,
             "tensor bytes {:.1} MB -> {:.1} MB ({:.2}x); relative RMS weight error {:.4}",
@@ -153,7 +157,11 @@ impl std::fmt::Display for QuantizeReport {
 pub fn should_quantize(name: &str, shape: &[usize], dtype: StoredDType, experts_only: bool) -> bool {
     let Some(base) = name.strip_suffix(".weight") else { return false };
     let [rows, cols] = shape else { return false };
-    if !matches!(dtype, StoredDType::F32 | StoredDType::BF16 | StoredDType::F16) || *rows == 0 || cols % BLOCK_ELEMS != 0 || *cols == 0 {
+    if !matches!(dtype, StoredDType::F32 | StoredDType::BF16 | StoredDType::F16)
+        || *rows == 0
+        || !cols.is_multiple_of(BLOCK_ELEMS)
+        || *cols == 0
+    {
         return false;
     }
     if !is_linear_module(base) {
@@ -167,7 +175,9 @@ pub fn should_quantize(name: &str, shape: &[usize], dtype: StoredDType, experts_
 pub fn is_token_table(name: &str, shape: &[usize], dtype: StoredDType) -> bool {
     let Some(base) = name.strip_suffix(".weight") else { return false };
     let table = base == "lm_head" || base.ends_with(".lm_head") || base.ends_with("embed_tokens");
-    table && matches!(shape, [r, c] if *r > 0 && *c > 0 && c % BLOCK_ELEMS == 0) && matches!(dtype, StoredDType::F32 | StoredDType::BF16 | StoredDType::F16)
+    table
+        && matches!(shape, [r, c] if *r > 0 && *c > 0 && c.is_multiple_of(BLOCK_ELEMS))
+        && matches!(dtype, StoredDType::F32 | StoredDType::BF16 | StoredDType::F16)
 }
 
 /// Whether module `base` (a name without `.weight`) is a linear layer that
@@ -185,7 +195,7 @@ fn e2m1_code(v: f32) -> u8 {
     let mut code = 0u8;
     for (k, &t) in MID.iter().enumerate() {
         let up = k as u8 + 1;
-        if m > t || (m == t && up % 2 == 0) {
+        if m > t || (m == t && up.is_multiple_of(2)) {
             code = up;
         } else {
             break;
@@ -259,7 +269,7 @@ fn floor_log2(a: f32) -> i32 {
 /// Quantizes a row-major `[rows, cols]` matrix (cols a multiple of 32) in
 /// parallel over rows: `(packed [rows, cols/2], scales [rows, cols/32], squared error)`.
 pub fn quantize_matrix(w: &[f32], rows: usize, cols: usize, rule: ScaleRule) -> Result<(Vec<u8>, Vec<u8>, f64)> {
-    if cols % BLOCK_ELEMS != 0 || w.len() != rows * cols {
+    if !cols.is_multiple_of(BLOCK_ELEMS) || w.len() != rows * cols {
         return Err(Error::Config(format!("cannot quantize [{rows}, {cols}] from {} values (cols must be a multiple of 32)", w.len())));
     }
     let nb = cols / BLOCK_ELEMS;
@@ -309,7 +319,13 @@ fn st_dtype(d: StoredDType, name: &str) -> Result<Dtype> {
         StoredDType::Other("i8") => Dtype::I8,
         StoredDType::Other("i16") => Dtype::I16,
         StoredDType::Other("bool") => Dtype::BOOL,
-        other => return Err(Error::TensorDType { name: name.into(), expected: "a dtype safetensors can write".into(), found: other.name().into() }),
+        other => {
+            return Err(Error::TensorDType {
+                name: name.into(),
+                expected: "a dtype safetensors can write".into(),
+                found: other.name().into(),
+            })
+        }
     })
 }
 
@@ -414,7 +430,8 @@ pub fn quantize_checkpoint(in_dir: &Path, out_dir: &Path, opts: &QuantizeOptions
         ProgressBar::hidden()
     };
     let n_shards = shards.len();
-    let shard_name = |k: usize| if n_shards == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n_shards:05}.safetensors", k + 1) };
+    let shard_name =
+        |k: usize| if n_shards == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n_shards:05}.safetensors", k + 1) };
     let (mut bytes_out, mut sq_err, mut sq_norm) = (0u64, 0.0f64, 0.0f64);
     let mut weight_map = BTreeMap::new();
     let mut shard_names = Vec::new();
@@ -429,10 +446,25 @@ pub fn quantize_checkpoint(in_dir: &Path, out_dir: &Path, opts: &QuantizeOptions
                 let (packed, scales, err) = quantize_matrix(&w, rows, cols, opts.scale_rule)?;
                 sq_err += err;
                 let base = name.strip_suffix(".weight").expect("should_quantize checked the suffix");
-                planned.push(Planned { name: format!("{base}.weight_packed"), dtype: Dtype::U8, shape: vec![rows, cols / 2], data: OutData::Owned(packed) });
-                planned.push(Planned { name: format!("{base}.weight_scale"), dtype: Dtype::U8, shape: vec![rows, cols / BLOCK_ELEMS], data: OutData::Owned(scales) });
+                planned.push(Planned {
+                    name: format!("{base}.weight_packed"),
+                    dtype: Dtype::U8,
+                    shape: vec![rows, cols / 2],
+                    data: OutData::Owned(packed),
+                });
+                planned.push(Planned {
+                    name: format!("{base}.weight_scale"),
+                    dtype: Dtype::U8,
+                    shape: vec![rows, cols / BLOCK_ELEMS],
+                    data: OutData::Owned(scales),
+                });
             } else {
-                planned.push(Planned { name: name.to_string(), dtype: st_dtype(e.dtype, name)?, shape: e.shape.clone(), data: OutData::Borrowed(ckpt.bytes(name)?) });
+                planned.push(Planned {
+                    name: name.to_string(),
+                    dtype: st_dtype(e.dtype, name)?,
+                    shape: e.shape.clone(),
+                    data: OutData::Borrowed(ckpt.bytes(name)?),
+                });
             }
             pb.inc(e.len as u64);
         }

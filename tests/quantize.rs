@@ -185,7 +185,8 @@ fn quantized_tiny_kimi_linear_tracks_the_bf16_logits() {
 #[test]
 fn experts_only_leaves_every_other_tensor_byte_identical() {
     let out = TempDir::new("experts-only-bytes");
-    let report = quantize_checkpoint(&fixture("tiny-deepseek-v3"), &out.0, &QuantizeOptions { experts_only: true, ..Default::default() }).unwrap();
+    let report =
+        quantize_checkpoint(&fixture("tiny-deepseek-v3"), &out.0, &QuantizeOptions { experts_only: true, ..Default::default() }).unwrap();
     assert_eq!(report.quantized, 2 * 8 * 3, "2 MoE layers x 8 experts x (gate, up, down)");
     let (a, b) = (Checkpoint::open(&fixture("tiny-deepseek-v3")).unwrap(), Checkpoint::open(&out.0).unwrap());
     for n in a.names() {
@@ -200,7 +201,8 @@ fn experts_only_leaves_every_other_tensor_byte_identical() {
 #[test]
 fn inspect_counts_blocks_of_the_quantized_checkpoint() {
     let out = TempDir::new("inspect");
-    let report = quantize_checkpoint(&fixture("tiny-kimi-linear"), &out.0, &QuantizeOptions { experts_only: true, ..Default::default() }).unwrap();
+    let report =
+        quantize_checkpoint(&fixture("tiny-kimi-linear"), &out.0, &QuantizeOptions { experts_only: true, ..Default::default() }).unwrap();
     let r = inspect_checkpoint(&out.0).unwrap();
     // 3 MoE layers x 8 experts, each expert 3 matrices of 32x64 or 64x32 = 64 blocks each.
     assert_eq!(r.mxfp4.len(), 3 * 8);
@@ -232,7 +234,8 @@ fn rewrite(src: &Path, dst: &Path, edit: impl Fn(&str, &mut Vec<u8>)) {
         })
         .collect();
     owned.sort_by(|a, b| a.0.cmp(&b.0));
-    let views: Vec<(String, TensorView)> = owned.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    let views: Vec<(String, TensorView)> =
+        owned.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
     safetensors::serialize_to_file(views, None, &dst.join("model.safetensors")).unwrap();
     for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
         std::fs::copy(src.join(f), dst.join(f)).unwrap();
@@ -261,7 +264,7 @@ fn inspect_flags_nan_scales_and_saturated_blocks() {
     let flagged = r.flagged();
     assert_eq!(flagged.len(), 1);
     assert_eq!(flagged[0].scope, target);
-    assert!(r.render(false).contains(&format!("FLAGGED: 1 experts/weights")), "{}", r.render(false));
+    assert!(r.render(false).contains("FLAGGED: 1 experts/weights"), "{}", r.render(false));
 }
 
 #[test]
@@ -289,7 +292,8 @@ fn mx_bytes(m: &Matrix) -> (Vec<u8>, Vec<u8>) {
 }
 
 fn write_st(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
-    let views: Vec<(String, TensorView)> = tensors.iter().map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    let views: Vec<(String, TensorView)> =
+        tensors.iter().map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
     safetensors::serialize_to_file(views, Some(HashMap::new()), path).unwrap();
 }
 

@@ -39,9 +39,7 @@ pub fn load_expert_mlp(
     let down = format!("{moe_prefix}.experts.down_proj");
     let fused = |base: &str| ckpt.has(base) || ckpt.has(&format!("{base}_blocks"));
     if !(fused(&gate_up) && fused(&down)) {
-        return Err(Error::MissingTensor {
-            name: format!("{per_expert}.{}.weight (nor fused {gate_up} / {down})", names[0]),
-        });
+        return Err(Error::MissingTensor { name: format!("{per_expert}.{}.weight (nor fused {gate_up} / {down})", names[0]) });
     }
     Ok(Mlp {
         gate_proj: ckpt.fused_expert_matrix(&gate_up, expert, 0, inter, hidden)?,
