@@ -36,6 +36,10 @@ pub const GEMV_MAX_N: usize = 16;
 /// Inputs one kernel instance handles at once (its accumulators fill the registers).
 const GEMV_GROUP: usize = 4;
 
+/// Weight bytes of one row chunk when several input groups re-read it, so the
+/// chunk stays in L2 between groups. Default 256 KiB.
+const GEMV_L2_BYTES: usize = 256 * 1024;
+
 /// Below this many multiply-adds (`n·rows·cols`) a GEMV runs on the calling
 /// thread: splitting costs a few microseconds of rayon wake-up, more than the
 /// work itself. Default 64Ki.
@@ -386,15 +390,24 @@ fn gemv<E: Elem>(
         out: OutPtr(out.as_mut_ptr()),
     };
     let threads = rayon::current_num_threads();
+    // Rows per L2-sized chunk when input groups re-read the weights.
+    let l2_rows = ((GEMV_L2_BYTES / (cols * std::mem::size_of::<E>()).max(1)) / 16 * 16).max(16);
     if threads <= 1 || n * rows * cols < PAR_MIN_WORK || rows < 32 {
-        // SAFETY: shapes checked by the caller; one task writes everything.
-        unsafe { g.run(isa, n, 0, rows) };
+        let step = if n > GEMV_GROUP { l2_rows } else { rows };
+        for r0 in (0..rows).step_by(step) {
+            // SAFETY: shapes checked by the caller; this thread writes everything.
+            unsafe { g.run(isa, n, r0, (r0 + step).min(rows)) };
+        }
         return;
     }
-    let chunk = rows
+    let mut chunk = rows
         .div_ceil(threads * CHUNKS_PER_THREAD)
         .next_multiple_of(16)
         .max(16);
+    if n > GEMV_GROUP {
+        // Input groups re-read the chunk's weights: keep a chunk within L2.
+        chunk = chunk.min(l2_rows);
+    }
     (0..rows.div_ceil(chunk)).into_par_iter().for_each(|c| {
         // SAFETY: chunks cover disjoint row ranges, so the writes are disjoint.
         unsafe { g.run(isa, n, c * chunk, ((c + 1) * chunk).min(rows)) };

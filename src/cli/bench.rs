@@ -71,6 +71,8 @@ struct Summary {
     ttft_p99_ms: f64,
     itl_mean_ms: f64,
     itl_p99_ms: f64,
+    /// Aggregate decode rate while the streams decode: concurrency / mean ITL.
+    decode_tok_s: f64,
     cache_hit_rate: f64,
 }
 
@@ -82,13 +84,14 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
-fn summarize(name: &str, samples: &[Sample], wall: f64) -> Summary {
+fn summarize(name: &str, samples: &[Sample], wall: f64, concurrency: usize) -> Summary {
     let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft * 1e3).collect();
     let mut itl: Vec<f64> = samples.iter().flat_map(|s| s.itl.iter().map(|x| x * 1e3)).collect();
     let gen: usize = samples.iter().map(|s| s.generated).sum();
     let prompt: usize = samples.iter().map(|s| s.prompt).sum();
     let cached: usize = samples.iter().map(|s| s.cached).sum();
-    Summary {
+    let itl_mean = itl.iter().sum::<f64>() / itl.len().max(1) as f64;
+    let mut s = Summary {
         name: name.into(),
         requests: samples.len(),
         wall_s: wall,
@@ -98,8 +101,11 @@ fn summarize(name: &str, samples: &[Sample], wall: f64) -> Summary {
         ttft_p99_ms: pct(&mut ttft, 0.99),
         itl_mean_ms: itl.iter().sum::<f64>() / itl.len().max(1) as f64,
         itl_p99_ms: pct(&mut itl, 0.99),
+        decode_tok_s: 0.0,
         cache_hit_rate: cached as f64 / prompt.max(1) as f64,
-    }
+    };
+    s.decode_tok_s = if itl_mean > 0.0 { concurrency.min(samples.len()) as f64 * 1e3 / itl_mean } else { 0.0 };
+    s
 }
 
 fn random_prompt(rng: &mut Rng, len: usize, vocab: usize) -> Vec<u32> {
@@ -185,7 +191,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         for &c in &a.concurrency {
             let reqs = (0..a.requests).map(|_| request(random_prompt(&mut rng, a.input_len, info.vocab_size), a.output_len, None)).collect();
             let (samples, wall) = run_level(&engine, reqs, c).await?;
-            out.push(summarize(&format!("concurrency {c}"), &samples, wall));
+            out.push(summarize(&format!("concurrency {c}"), &samples, wall, c));
         }
         if a.history > 0 {
             let (mut cold, mut warm) = (Vec::new(), Vec::new());
@@ -200,22 +206,28 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 warm.push(one(&engine, request(follow, a.output_len.min(8), session)).await?);
                 cold.push(one(&engine, request(new, a.output_len.min(8), None)).await?);
             }
-            out.push(summarize(&format!("follow-up, {} cached history + {} new", a.history, a.input_len), &warm, 1.0));
-            out.push(summarize(&format!("no history, {} new", a.input_len), &cold, 1.0));
+            out.push(summarize(&format!("follow-up, {} cached history + {} new", a.history, a.input_len), &warm, 1.0, 1));
+            out.push(summarize(&format!("no history, {} new", a.input_len), &cold, 1.0, 1));
         }
         Ok::<_, anyhow::Error>(out)
     })?;
     let base = summaries[0].output_tok_s;
+    let base_decode = summaries[0].decode_tok_s;
     if a.json {
         println!("{}", json!({"model": model_dir.display().to_string(), "scenarios": summaries}));
         return Ok(());
     }
-    println!("{:<44} {:>6} {:>10} {:>8} {:>10} {:>10} {:>10} {:>9}", "scenario", "reqs", "out tok/s", "ratio", "TTFT ms", "TTFT p99", "ITL ms", "cache hit");
+    println!(
+        "{:<44} {:>5} {:>9} {:>7} {:>10} {:>7} {:>9} {:>9} {:>8} {:>9}",
+        "scenario", "reqs", "out tok/s", "ratio", "decode t/s", "ratio", "TTFT ms", "TTFT p99", "ITL ms", "cache hit"
+    );
     for s in &summaries {
-        let ratio = if s.name.starts_with("concurrency") { format!("{:.2}x", s.output_tok_s / base) } else { "-".into() };
+        let conc = s.name.starts_with("concurrency");
+        let r1 = if conc { format!("{:.2}x", s.output_tok_s / base) } else { "-".into() };
+        let r2 = if conc { format!("{:.2}x", s.decode_tok_s / base_decode.max(1e-9)) } else { "-".into() };
         println!(
-            "{:<44} {:>6} {:>10.1} {:>8} {:>10.2} {:>10.2} {:>10.2} {:>8.1}%",
-            s.name, s.requests, s.output_tok_s, ratio, s.ttft_mean_ms, s.ttft_p99_ms, s.itl_mean_ms, s.cache_hit_rate * 100.0
+            "{:<44} {:>5} {:>9.1} {:>7} {:>10.1} {:>7} {:>9.2} {:>9.2} {:>8.2} {:>8.1}%",
+            s.name, s.requests, s.output_tok_s, r1, s.decode_tok_s, r2, s.ttft_mean_ms, s.ttft_p99_ms, s.itl_mean_ms, s.cache_hit_rate * 100.0
         );
     }
     if a.history > 0 {
