@@ -70,7 +70,11 @@ struct Spec {
 }
 
 fn spec(v: &mut Vec<Spec>, name: String, shape: &[usize], kind: Kind) {
-    v.push(Spec { name, shape: shape.to_vec(), kind });
+    v.push(Spec {
+        name,
+        shape: shape.to_vec(),
+        kind,
+    });
 }
 
 /// Tensor list of a model: `experts = Some((E, latent))` for K3, `None`
@@ -83,12 +87,27 @@ fn specs(experts: Option<usize>, dense_inter: usize) -> Vec<Spec> {
     let p = KDA_HEADS * KDA_DIM;
     let norm = Kind::F32(1.0);
     let w = Kind::Bf16(0.04);
-    spec(&mut v, format!("{root}model.embed_tokens.weight"), &[VOCAB, d], Kind::Bf16(1.0));
+    spec(
+        &mut v,
+        format!("{root}model.embed_tokens.weight"),
+        &[VOCAB, d],
+        Kind::Bf16(1.0),
+    );
     spec(&mut v, format!("{root}lm_head.weight"), &[VOCAB, d], w);
     spec(&mut v, format!("{root}model.norm.weight"), &[d], norm);
     if k3 {
-        spec(&mut v, format!("{root}model.output_attn_res_norm.weight"), &[d], norm);
-        spec(&mut v, format!("{root}model.output_attn_res_proj.weight"), &[1, d], Kind::Bf16(0.1));
+        spec(
+            &mut v,
+            format!("{root}model.output_attn_res_norm.weight"),
+            &[d],
+            norm,
+        );
+        spec(
+            &mut v,
+            format!("{root}model.output_attn_res_proj.weight"),
+            &[1, d],
+            Kind::Bf16(0.1),
+        );
     }
     for i in 0..LAYERS {
         let l = format!("{root}model.layers.{i}");
@@ -98,7 +117,12 @@ fn specs(experts: Option<usize>, dense_inter: usize) -> Vec<Spec> {
         if k3 {
             for n in ["self_attention_res", "mlp_res"] {
                 spec(&mut v, format!("{l}.{n}_norm.weight"), &[d], norm);
-                spec(&mut v, format!("{l}.{n}_proj.weight"), &[1, d], Kind::Bf16(0.1));
+                spec(
+                    &mut v,
+                    format!("{l}.{n}_proj.weight"),
+                    &[1, d],
+                    Kind::Bf16(0.1),
+                );
             }
         }
         let a = format!("{l}.self_attn");
@@ -107,7 +131,12 @@ fn specs(experts: Option<usize>, dense_inter: usize) -> Vec<Spec> {
                 spec(&mut v, format!("{a}.{n}.weight"), &[p, d], w);
             }
             for n in ["q_conv1d", "k_conv1d", "v_conv1d"] {
-                spec(&mut v, format!("{a}.{n}.weight"), &[p, 1, 4], Kind::Bf16(0.3));
+                spec(
+                    &mut v,
+                    format!("{a}.{n}.weight"),
+                    &[p, 1, 4],
+                    Kind::Bf16(0.3),
+                );
             }
             spec(&mut v, format!("{a}.f_a_proj.weight"), &[KDA_DIM, d], w);
             spec(&mut v, format!("{a}.f_b_proj.weight"), &[p, KDA_DIM], w);
@@ -126,33 +155,118 @@ fn specs(experts: Option<usize>, dense_inter: usize) -> Vec<Spec> {
             if k3 {
                 spec(&mut v, format!("{a}.q_a_proj.weight"), &[Q_LORA, d], w);
                 spec(&mut v, format!("{a}.q_a_layernorm.weight"), &[Q_LORA], norm);
-                spec(&mut v, format!("{a}.q_b_proj.weight"), &[MLA_HEADS * (NOPE + ROPE), Q_LORA], w);
-                spec(&mut v, format!("{a}.g_proj.weight"), &[MLA_HEADS * V_DIM, d], w);
+                spec(
+                    &mut v,
+                    format!("{a}.q_b_proj.weight"),
+                    &[MLA_HEADS * (NOPE + ROPE), Q_LORA],
+                    w,
+                );
+                spec(
+                    &mut v,
+                    format!("{a}.g_proj.weight"),
+                    &[MLA_HEADS * V_DIM, d],
+                    w,
+                );
             } else {
-                spec(&mut v, format!("{a}.q_proj.weight"), &[MLA_HEADS * (NOPE + ROPE), d], w);
+                spec(
+                    &mut v,
+                    format!("{a}.q_proj.weight"),
+                    &[MLA_HEADS * (NOPE + ROPE), d],
+                    w,
+                );
             }
-            spec(&mut v, format!("{a}.kv_a_proj_with_mqa.weight"), &[KV_LORA + ROPE, d], w);
-            spec(&mut v, format!("{a}.kv_a_layernorm.weight"), &[KV_LORA], norm);
-            spec(&mut v, format!("{a}.kv_b_proj.weight"), &[MLA_HEADS * (NOPE + V_DIM), KV_LORA], w);
-            spec(&mut v, format!("{a}.o_proj.weight"), &[d, MLA_HEADS * V_DIM], w);
+            spec(
+                &mut v,
+                format!("{a}.kv_a_proj_with_mqa.weight"),
+                &[KV_LORA + ROPE, d],
+                w,
+            );
+            spec(
+                &mut v,
+                format!("{a}.kv_a_layernorm.weight"),
+                &[KV_LORA],
+                norm,
+            );
+            spec(
+                &mut v,
+                format!("{a}.kv_b_proj.weight"),
+                &[MLA_HEADS * (NOPE + V_DIM), KV_LORA],
+                w,
+            );
+            spec(
+                &mut v,
+                format!("{a}.o_proj.weight"),
+                &[d, MLA_HEADS * V_DIM],
+                w,
+            );
         }
         match experts {
             Some(e) if i > 0 => {
                 let m = format!("{l}.block_sparse_moe");
                 spec(&mut v, format!("{m}.gate.weight"), &[e, d], w);
-                spec(&mut v, format!("{m}.gate.e_score_correction_bias"), &[e], Kind::F32(0.0));
-                spec(&mut v, format!("{m}.routed_expert_down_proj.weight"), &[LATENT, d], w);
-                spec(&mut v, format!("{m}.routed_expert_up_proj.weight"), &[d, LATENT], w);
-                spec(&mut v, format!("{m}.routed_expert_norm.weight"), &[LATENT], norm);
+                spec(
+                    &mut v,
+                    format!("{m}.gate.e_score_correction_bias"),
+                    &[e],
+                    Kind::F32(0.0),
+                );
+                spec(
+                    &mut v,
+                    format!("{m}.routed_expert_down_proj.weight"),
+                    &[LATENT, d],
+                    w,
+                );
+                spec(
+                    &mut v,
+                    format!("{m}.routed_expert_up_proj.weight"),
+                    &[d, LATENT],
+                    w,
+                );
+                spec(
+                    &mut v,
+                    format!("{m}.routed_expert_norm.weight"),
+                    &[LATENT],
+                    norm,
+                );
                 for j in 0..e {
-                    spec(&mut v, format!("{m}.experts.{j}.w1.weight"), &[MOE_INTER, LATENT], Kind::Mxfp4);
-                    spec(&mut v, format!("{m}.experts.{j}.w3.weight"), &[MOE_INTER, LATENT], Kind::Mxfp4);
-                    spec(&mut v, format!("{m}.experts.{j}.w2.weight"), &[LATENT, MOE_INTER], Kind::Mxfp4);
+                    spec(
+                        &mut v,
+                        format!("{m}.experts.{j}.w1.weight"),
+                        &[MOE_INTER, LATENT],
+                        Kind::Mxfp4,
+                    );
+                    spec(
+                        &mut v,
+                        format!("{m}.experts.{j}.w3.weight"),
+                        &[MOE_INTER, LATENT],
+                        Kind::Mxfp4,
+                    );
+                    spec(
+                        &mut v,
+                        format!("{m}.experts.{j}.w2.weight"),
+                        &[LATENT, MOE_INTER],
+                        Kind::Mxfp4,
+                    );
                 }
                 let s = format!("{m}.shared_experts");
-                spec(&mut v, format!("{s}.gate_proj.weight"), &[MOE_INTER * SHARED, d], w);
-                spec(&mut v, format!("{s}.up_proj.weight"), &[MOE_INTER * SHARED, d], w);
-                spec(&mut v, format!("{s}.down_proj.weight"), &[d, MOE_INTER * SHARED], w);
+                spec(
+                    &mut v,
+                    format!("{s}.gate_proj.weight"),
+                    &[MOE_INTER * SHARED, d],
+                    w,
+                );
+                spec(
+                    &mut v,
+                    format!("{s}.up_proj.weight"),
+                    &[MOE_INTER * SHARED, d],
+                    w,
+                );
+                spec(
+                    &mut v,
+                    format!("{s}.down_proj.weight"),
+                    &[d, MOE_INTER * SHARED],
+                    w,
+                );
             }
             _ => {
                 let inter = if k3 { DENSE_INTER } else { dense_inter };
@@ -170,7 +284,11 @@ fn specs(experts: Option<usize>, dense_inter: usize) -> Vec<Spec> {
 fn active_params(specs: &[Spec], experts: Option<usize>) -> (usize, usize) {
     let numel = |s: &Spec| s.shape.iter().product::<usize>();
     let total: usize = specs.iter().map(numel).sum();
-    let embed: usize = specs.iter().filter(|s| s.name.ends_with("embed_tokens.weight")).map(numel).sum();
+    let embed: usize = specs
+        .iter()
+        .filter(|s| s.name.ends_with("embed_tokens.weight"))
+        .map(numel)
+        .sum();
     let idle = match experts {
         Some(e) => (LAYERS - 1) * e.saturating_sub(TOP_K) * 3 * LATENT * MOE_INTER,
         None => 0,
@@ -241,32 +359,59 @@ impl Rng {
 
 fn write_checkpoint(dir: &Path, config: &Value, specs: &[Spec]) -> Result<()> {
     std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(config)?)?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(config)?,
+    )?;
     let mut rng = Rng(0x9E3779B97F4A7C15);
     let mut blobs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for s in specs {
         let n: usize = s.shape.iter().product();
         match s.kind {
             Kind::Bf16(scale) => {
-                let data = (0..n).flat_map(|_| caracal_kernels::dtype::f32_to_bf16(rng.uniform(scale)).to_le_bytes()).collect();
+                let data = (0..n)
+                    .flat_map(|_| {
+                        caracal_kernels::dtype::f32_to_bf16(rng.uniform(scale)).to_le_bytes()
+                    })
+                    .collect();
                 blobs.push((s.name.clone(), Dtype::BF16, s.shape.clone(), data));
             }
             Kind::F32(value) => {
-                blobs.push((s.name.clone(), Dtype::F32, s.shape.clone(), (0..n).flat_map(|_| value.to_le_bytes()).collect()));
+                blobs.push((
+                    s.name.clone(),
+                    Dtype::F32,
+                    s.shape.clone(),
+                    (0..n).flat_map(|_| value.to_le_bytes()).collect(),
+                ));
             }
             Kind::Mxfp4 => {
-                let base = s.name.strip_suffix(".weight").expect("MXFP4 specs name a .weight");
+                let base = s
+                    .name
+                    .strip_suffix(".weight")
+                    .expect("MXFP4 specs name a .weight");
                 let (rows, cols) = (s.shape[0], s.shape[1]);
                 let packed = (0..rows * cols / 2).map(|_| rng.next() as u8).collect();
                 // E8M0 2^-6: elements of magnitude ≤ 6/64, like a trained layer's.
                 let scales = vec![121u8; rows * cols / 32];
-                blobs.push((format!("{base}.weight_packed"), Dtype::U8, vec![rows, cols / 2], packed));
-                blobs.push((format!("{base}.weight_scale"), Dtype::U8, vec![rows, cols / 32], scales));
+                blobs.push((
+                    format!("{base}.weight_packed"),
+                    Dtype::U8,
+                    vec![rows, cols / 2],
+                    packed,
+                ));
+                blobs.push((
+                    format!("{base}.weight_scale"),
+                    Dtype::U8,
+                    vec![rows, cols / 32],
+                    scales,
+                ));
             }
         }
     }
-    let views: Vec<(String, TensorView)> =
-        blobs.iter().map(|(n, d, s, b)| Ok((n.clone(), TensorView::new(*d, s.clone(), b)?))).collect::<Result<_>>()?;
+    let views: Vec<(String, TensorView)> = blobs
+        .iter()
+        .map(|(n, d, s, b)| Ok((n.clone(), TensorView::new(*d, s.clone(), b)?)))
+        .collect::<Result<_>>()?;
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors"))?;
     Ok(())
 }
@@ -283,7 +428,8 @@ fn decode_speed(model: &dyn caracal::models::CausalLm) -> Result<f64> {
 }
 
 fn main() -> Result<()> {
-    let root: PathBuf = std::env::temp_dir().join(format!("caracal-k3-bench-{}", std::process::id()));
+    let root: PathBuf =
+        std::env::temp_dir().join(format!("caracal-k3-bench-{}", std::process::id()));
     let sparse = specs(Some(896), 0);
     let all_active = specs(Some(TOP_K), 0);
     let (sparse_total, target) = active_params(&sparse, Some(896));
@@ -292,14 +438,36 @@ fn main() -> Result<()> {
     let (_, a32) = active_params(&specs(None, 32), None);
     let (_, a64) = active_params(&specs(None, 64), None);
     let per32 = a64 - a32;
-    let inter = ((32.0 + (target as f64 - a32 as f64) / per32 as f64 * 32.0) / 32.0).round() as usize * 32;
+    let inter =
+        ((32.0 + (target as f64 - a32 as f64) / per32 as f64 * 32.0) / 32.0).round() as usize * 32;
     let dense = specs(None, inter);
     let (dense_total, dense_active) = active_params(&dense, None);
 
     let rows = [
-        ("k3-sparse (896 experts, top-16)", "sparse", text_config(Some(896), 0), &sparse, sparse_total, target),
-        ("k3-all-active (16 experts, top-16)", "all-active", text_config(Some(TOP_K), 0), &all_active, aa_total, aa_active),
-        ("kimi-linear-dense (bf16 MLP)", "dense", text_config(None, inter), &dense, dense_total, dense_active),
+        (
+            "k3-sparse (896 experts, top-16)",
+            "sparse",
+            text_config(Some(896), 0),
+            &sparse,
+            sparse_total,
+            target,
+        ),
+        (
+            "k3-all-active (16 experts, top-16)",
+            "all-active",
+            text_config(Some(TOP_K), 0),
+            &all_active,
+            aa_total,
+            aa_active,
+        ),
+        (
+            "kimi-linear-dense (bf16 MLP)",
+            "dense",
+            text_config(None, inter),
+            &dense,
+            dense_total,
+            dense_active,
+        ),
     ];
     let threads = rayon::current_num_threads();
     println!("K3 sparse vs dense decode: hidden {HIDDEN}, {LAYERS} layers (3 KDA + 1 MLA), latent {LATENT}, expert inter {MOE_INTER}, MXFP4 experts, dense MLP width {inter}; {threads} threads, greedy {DECODE_TOKENS} tokens after an 8-token prompt, best of {RUNS}");
@@ -316,7 +484,11 @@ fn main() -> Result<()> {
         }
     }
     for ((label, _, _, _, total, active), tps) in rows.iter().zip(&speeds) {
-        println!("{label:38} total {:>7.1}M  active {:>6.2}M  decode {tps:>8.1} tok/s", *total as f64 / 1e6, *active as f64 / 1e6);
+        println!(
+            "{label:38} total {:>7.1}M  active {:>6.2}M  decode {tps:>8.1} tok/s",
+            *total as f64 / 1e6,
+            *active as f64 / 1e6
+        );
     }
     println!(
         "ratio sparse/all-active speed {:.3} (total params ×{:.1}, active ×{:.3}); sparse/dense speed {:.3} (active ×{:.3})",

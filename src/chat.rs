@@ -22,7 +22,10 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message with `role` and `content`.
     pub fn new(role: &str, content: &str) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -45,8 +48,11 @@ pub fn render(
     env.add_function("raise_exception", raise_exception);
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
-    env.add_template("chat", template).map_err(|e| Error::Template(e.to_string()))?;
-    let tmpl = env.get_template("chat").map_err(|e| Error::Template(e.to_string()))?;
+    env.add_template("chat", template)
+        .map_err(|e| Error::Template(e.to_string()))?;
+    let tmpl = env
+        .get_template("chat")
+        .map_err(|e| Error::Template(e.to_string()))?;
     let ctx = minijinja::context! {
         messages => Value::from_serialize(messages),
         tools => tools.map(Value::from_serialize),
@@ -65,7 +71,15 @@ mod tests {
 
     #[test]
     fn renders_chatml_with_default_system_prompt() {
-        let out = render(CHATML, &[ChatMessage::new("user", "Hi")], None, true, None, None).unwrap();
+        let out = render(
+            CHATML,
+            &[ChatMessage::new("user", "Hi")],
+            None,
+            true,
+            None,
+            None,
+        )
+        .unwrap();
         assert_eq!(
             out,
             "<|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
@@ -74,7 +88,15 @@ mod tests {
 
     #[test]
     fn raise_exception_becomes_a_template_error() {
-        let err = render("{{ raise_exception('no system role') }}", &[], None, false, None, None).unwrap_err();
+        let err = render(
+            "{{ raise_exception('no system role') }}",
+            &[],
+            None,
+            false,
+            None,
+            None,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("no system role"), "{err}");
     }
 }

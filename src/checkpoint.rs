@@ -130,12 +130,18 @@ impl Checkpoint {
                 path: index.clone(),
                 detail: e.to_string(),
             })?;
-            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::BadFile {
-                what: "safetensors index",
-                path: index.clone(),
-                detail: "no `weight_map` object".into(),
-            })?;
-            let mut names: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| Error::BadFile {
+                    what: "safetensors index",
+                    path: index.clone(),
+                    detail: "no `weight_map` object".into(),
+                })?;
+            let mut names: Vec<String> = map
+                .values()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect();
             names.sort();
             names.dedup();
             names
@@ -152,7 +158,10 @@ impl Checkpoint {
             if names.is_empty() {
                 return Err(Error::io(
                     &single,
-                    std::io::Error::new(std::io::ErrorKind::NotFound, "no *.safetensors files in the model folder"),
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "no *.safetensors files in the model folder",
+                    ),
                 ));
             }
             names
@@ -164,8 +173,13 @@ impl Checkpoint {
             let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
             // SAFETY: checkpoint files are not modified while a model is loaded.
             let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
-            let bad = |detail: String| Error::BadFile { what: "safetensors file", path: path.clone(), detail };
-            let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map[..]).map_err(|e| bad(e.to_string()))?;
+            let bad = |detail: String| Error::BadFile {
+                what: "safetensors file",
+                path: path.clone(),
+                detail,
+            };
+            let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map[..])
+                .map_err(|e| bad(e.to_string()))?;
             let base = 8 + header_len;
             for (tname, info) in meta.tensors() {
                 let (start, end) = info.data_offsets;
@@ -180,7 +194,12 @@ impl Checkpoint {
             }
             shards.push(Arc::new(MappedFile(map)) as SharedBytes);
         }
-        Ok(Checkpoint { dir: dir.to_path_buf(), shard_names, shards, tensors })
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            shard_names,
+            shards,
+            tensors,
+        })
     }
 
     /// Whether a tensor exists.
@@ -190,7 +209,9 @@ impl Checkpoint {
 
     /// The entry of a tensor.
     pub fn entry(&self, name: &str) -> Result<&TensorEntry> {
-        self.tensors.get(name).ok_or_else(|| Error::MissingTensor { name: name.into() })
+        self.tensors
+            .get(name)
+            .ok_or_else(|| Error::MissingTensor { name: name.into() })
     }
 
     /// All tensor names, sorted.
@@ -209,7 +230,12 @@ impl Checkpoint {
     /// Storage borrowing a tensor's bytes (copied only when misaligned).
     pub fn storage(&self, name: &str) -> Result<Storage> {
         let e = self.entry(name)?;
-        Ok(Storage::borrowed(self.shards[e.shard].clone(), e.offset, e.len, e.dtype.size().max(1)))
+        Ok(Storage::borrowed(
+            self.shards[e.shard].clone(),
+            e.offset,
+            e.len,
+            e.dtype.size().max(1),
+        ))
     }
 
     fn check_shape(&self, name: &str, expected: &[usize]) -> Result<&TensorEntry> {
@@ -219,7 +245,11 @@ impl Checkpoint {
         // Accept shapes that differ only by unit dimensions ([1,1,H,1] vs [H]).
         let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
         if e.shape != expected && !(numel == want && squeeze(&e.shape) == squeeze(expected)) {
-            return Err(Error::TensorShape { name: name.into(), expected: expected.to_vec(), found: e.shape.clone() });
+            return Err(Error::TensorShape {
+                name: name.into(),
+                expected: expected.to_vec(),
+                found: e.shape.clone(),
+            });
         }
         Ok(e)
     }
@@ -243,7 +273,11 @@ impl Checkpoint {
             StoredDType::BF16 => DType::BF16,
             StoredDType::F16 => DType::F16,
             other => {
-                return Err(Error::TensorDType { name: name.into(), expected: "f32, bf16, f16".into(), found: other.name().into() })
+                return Err(Error::TensorDType {
+                    name: name.into(),
+                    expected: "f32, bf16, f16".into(),
+                    found: other.name().into(),
+                })
             }
         };
         Ok(Matrix::new(rows, cols, dtype, self.storage(name)?)?)
@@ -275,15 +309,31 @@ impl Checkpoint {
     /// against `[rows, cols]`.
     fn packed_matrix(&self, packed: &str, scale: &str, rows: usize, cols: usize) -> Result<Matrix> {
         if !cols.is_multiple_of(caracal_kernels::mxfp4::BLOCK_ELEMS) {
-            return Err(Error::TensorShape { name: packed.into(), expected: vec![rows, cols / 2], found: self.entry(packed)?.shape.clone() });
+            return Err(Error::TensorShape {
+                name: packed.into(),
+                expected: vec![rows, cols / 2],
+                found: self.entry(packed)?.shape.clone(),
+            });
         }
-        for (n, shape) in [(packed, [rows, cols / 2]), (scale, [rows, cols / caracal_kernels::mxfp4::BLOCK_ELEMS])] {
+        for (n, shape) in [
+            (packed, [rows, cols / 2]),
+            (scale, [rows, cols / caracal_kernels::mxfp4::BLOCK_ELEMS]),
+        ] {
             let e = self.check_shape(n, &shape)?;
             if e.dtype != StoredDType::U8 {
-                return Err(Error::TensorDType { name: n.into(), expected: "u8".into(), found: e.dtype.name().into() });
+                return Err(Error::TensorDType {
+                    name: n.into(),
+                    expected: "u8".into(),
+                    found: e.dtype.name().into(),
+                });
             }
         }
-        Ok(Matrix::mxfp4(rows, cols, self.storage(packed)?, self.storage(scale)?)?)
+        Ok(Matrix::mxfp4(
+            rows,
+            cols,
+            self.storage(packed)?,
+            self.storage(scale)?,
+        )?)
     }
 
     /// One expert's `[rows, cols]` slice of a fused 3-D expert weight.
@@ -301,7 +351,14 @@ impl Checkpoint {
     /// rows, up = odd rows); such checkpoints must be de-interleaved before
     /// loading, this function does not do it. `{base} = ….experts.down_proj`
     /// has `R = hidden`.
-    pub fn fused_expert_matrix(&self, base: &str, expert: usize, row_start: usize, rows: usize, cols: usize) -> Result<Matrix> {
+    pub fn fused_expert_matrix(
+        &self,
+        base: &str,
+        expert: usize,
+        row_start: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix> {
         use caracal_kernels::mxfp4::{BLOCK_BYTES, BLOCK_ELEMS};
         let blocks_name = format!("{base}_blocks");
         let scales_name = format!("{base}_scales");
@@ -310,7 +367,11 @@ impl Checkpoint {
             let s = self.entry(&scales_name)?.clone();
             for (n, e) in [(&blocks_name, &b), (&scales_name, &s)] {
                 if e.dtype != StoredDType::U8 {
-                    return Err(Error::TensorDType { name: n.clone(), expected: "u8".into(), found: e.dtype.name().into() });
+                    return Err(Error::TensorDType {
+                        name: n.clone(),
+                        expected: "u8".into(),
+                        found: e.dtype.name().into(),
+                    });
                 }
             }
             let nb = cols / BLOCK_ELEMS;
@@ -325,7 +386,11 @@ impl Checkpoint {
                 }
             };
             if s.shape != [experts, total_rows, nb] {
-                return Err(Error::TensorShape { name: scales_name, expected: vec![experts, total_rows, nb], found: s.shape.clone() });
+                return Err(Error::TensorShape {
+                    name: scales_name,
+                    expected: vec![experts, total_rows, nb],
+                    found: s.shape.clone(),
+                });
             }
             Self::check_expert_range(&blocks_name, expert, experts, row_start, rows, total_rows)?;
             let first_block = (expert * total_rows + row_start) * nb;
@@ -335,13 +400,29 @@ impl Checkpoint {
                 rows * nb * BLOCK_BYTES,
                 1,
             );
-            let scales = Storage::borrowed(self.shards[s.shard].clone(), s.offset + first_block, rows * nb, 1);
+            let scales = Storage::borrowed(
+                self.shards[s.shard].clone(),
+                s.offset + first_block,
+                rows * nb,
+                1,
+            );
             return Ok(Matrix::mxfp4(rows, cols, blocks, scales)?);
         }
-        let e = self.entry(base).map_err(|_| Error::MissingTensor { name: format!("{base} (or {blocks_name} + {scales_name})") })?.clone();
+        let e = self
+            .entry(base)
+            .map_err(|_| Error::MissingTensor {
+                name: format!("{base} (or {blocks_name} + {scales_name})"),
+            })?
+            .clone();
         let (experts, total_rows) = match e.shape.as_slice() {
             [n, r, c] if *c == cols => (*n, *r),
-            _ => return Err(Error::TensorShape { name: base.into(), expected: vec![0, row_start + rows, cols], found: e.shape.clone() }),
+            _ => {
+                return Err(Error::TensorShape {
+                    name: base.into(),
+                    expected: vec![0, row_start + rows, cols],
+                    found: e.shape.clone(),
+                })
+            }
         };
         Self::check_expert_range(base, expert, experts, row_start, rows, total_rows)?;
         let dtype = match e.dtype {
@@ -349,16 +430,32 @@ impl Checkpoint {
             StoredDType::BF16 => DType::BF16,
             StoredDType::F16 => DType::F16,
             other => {
-                return Err(Error::TensorDType { name: base.into(), expected: "f32, bf16, f16".into(), found: other.name().into() })
+                return Err(Error::TensorDType {
+                    name: base.into(),
+                    expected: "f32, bf16, f16".into(),
+                    found: other.name().into(),
+                })
             }
         };
         let size = e.dtype.size();
         let start = (expert * total_rows + row_start) * cols * size;
-        let data = Storage::borrowed(self.shards[e.shard].clone(), e.offset + start, rows * cols * size, size);
+        let data = Storage::borrowed(
+            self.shards[e.shard].clone(),
+            e.offset + start,
+            rows * cols * size,
+            size,
+        );
         Ok(Matrix::new(rows, cols, dtype, data)?)
     }
 
-    fn check_expert_range(name: &str, expert: usize, experts: usize, row_start: usize, rows: usize, total: usize) -> Result<()> {
+    fn check_expert_range(
+        name: &str,
+        expert: usize,
+        experts: usize,
+        row_start: usize,
+        rows: usize,
+        total: usize,
+    ) -> Result<()> {
         if expert >= experts || row_start + rows > total {
             return Err(Error::Config(format!(
                 "`{name}`: expert {expert}, rows {row_start}..{} is outside its {experts} experts × {total} rows",
@@ -376,20 +473,32 @@ impl Checkpoint {
     pub fn tensor_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         if !self.has(name) && shape.len() == 2 {
             if let Some((packed, scale)) = self.mxfp4_pair(name) {
-                return Ok(self.packed_matrix(&packed, &scale, shape[0], shape[1])?.to_f32_vec());
+                return Ok(self
+                    .packed_matrix(&packed, &scale, shape[0], shape[1])?
+                    .to_f32_vec());
             }
         }
         let e = self.check_shape(name, shape)?.clone();
         let bytes = self.bytes(name)?;
         let out = match e.dtype {
-            StoredDType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            StoredDType::F32 => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
             StoredDType::BF16 => bytes
                 .chunks_exact(2)
                 .map(|c| caracal_kernels::dtype::bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
                 .collect(),
-            StoredDType::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            StoredDType::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
             other => {
-                return Err(Error::TensorDType { name: name.into(), expected: "f32, bf16, f16".into(), found: other.name().into() })
+                return Err(Error::TensorDType {
+                    name: name.into(),
+                    expected: "f32, bf16, f16".into(),
+                    found: other.name().into(),
+                })
             }
         };
         Ok(out)

@@ -12,27 +12,44 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// Architectures Caracal loads, by `model_type`.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "deepseek_v3", "kimi_k2", "kimi_linear", "kimi_k3"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] =
+    &["llama", "deepseek_v3", "kimi_k2", "kimi_linear", "kimi_k3"];
 
 /// Reads a JSON file into a value.
 pub fn read_json(path: &Path, what: &'static str) -> Result<Value> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::BadFile { what, path: path.into(), detail: e.to_string() })
+    serde_json::from_str(&text).map_err(|e| Error::BadFile {
+        what,
+        path: path.into(),
+        detail: e.to_string(),
+    })
 }
 
 /// Deserialises `config.json` into an architecture's typed config.
 pub fn parse_config<T: DeserializeOwned>(value: &Value, path: &Path) -> Result<T> {
-    serde_json::from_value(value.clone()).map_err(|e| Error::BadFile { what: "config.json", path: path.into(), detail: e.to_string() })
+    serde_json::from_value(value.clone()).map_err(|e| Error::BadFile {
+        what: "config.json",
+        path: path.into(),
+        detail: e.to_string(),
+    })
 }
 
 /// The `model_type` of a config, checked against [`SUPPORTED_MODEL_TYPES`].
 pub fn model_type(value: &Value) -> Result<String> {
-    let found = value.get("model_type").and_then(|v| v.as_str()).unwrap_or("").to_string();
+    let found = value
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .unwrap_or("")
+        .to_string();
     if SUPPORTED_MODEL_TYPES.contains(&found.as_str()) {
         Ok(found)
     } else {
         Err(Error::UnknownModelType {
-            found: if found.is_empty() { "(missing)".into() } else { found },
+            found: if found.is_empty() {
+                "(missing)".into()
+            } else {
+                found
+            },
             supported: SUPPORTED_MODEL_TYPES.join(", "),
         })
     }
@@ -44,18 +61,34 @@ pub fn rope_from_config(value: &Value, default_theta: f32) -> Result<(f32, RopeS
         .get("rope_parameters")
         .filter(|v| v.is_object())
         .or_else(|| value.get("rope_scaling").filter(|v| v.is_object()));
-    let mut theta = value.get("rope_theta").and_then(|v| v.as_f64()).map(|v| v as f32).unwrap_or(default_theta);
-    let Some(p) = params else { return Ok((theta, RopeScaling::Default)) };
+    let mut theta = value
+        .get("rope_theta")
+        .and_then(|v| v.as_f64())
+        .map(|v| v as f32)
+        .unwrap_or(default_theta);
+    let Some(p) = params else {
+        return Ok((theta, RopeScaling::Default));
+    };
     if let Some(t) = p.get("rope_theta").and_then(|v| v.as_f64()) {
         theta = t as f32;
     }
-    let kind = p.get("rope_type").or_else(|| p.get("type")).and_then(|v| v.as_str()).unwrap_or("default");
+    let kind = p
+        .get("rope_type")
+        .or_else(|| p.get("type"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("default");
     let f = |k: &str| p.get(k).and_then(|v| v.as_f64()).map(|v| v as f32);
-    let need = |k: &str| f(k).ok_or_else(|| Error::Config(format!("rope scaling `{kind}` needs `{k}`")));
-    let max_pos = value.get("max_position_embeddings").and_then(|v| v.as_u64()).map(|v| v as usize);
+    let need =
+        |k: &str| f(k).ok_or_else(|| Error::Config(format!("rope scaling `{kind}` needs `{k}`")));
+    let max_pos = value
+        .get("max_position_embeddings")
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize);
     let scaling = match kind {
         "default" => RopeScaling::Default,
-        "linear" => RopeScaling::Linear { factor: need("factor")? },
+        "linear" => RopeScaling::Linear {
+            factor: need("factor")?,
+        },
         "yarn" => {
             let factor = need("factor")?;
             let orig = p
@@ -63,7 +96,9 @@ pub fn rope_from_config(value: &Value, default_theta: f32) -> Result<(f32, RopeS
                 .and_then(|v| v.as_u64())
                 .map(|v| v as usize)
                 .or(max_pos.map(|m| (m as f32 / factor) as usize))
-                .ok_or_else(|| Error::Config("yarn needs original_max_position_embeddings".into()))?;
+                .ok_or_else(|| {
+                    Error::Config("yarn needs original_max_position_embeddings".into())
+                })?;
             RopeScaling::Yarn {
                 factor,
                 original_max_position_embeddings: orig,
@@ -82,10 +117,15 @@ pub fn rope_from_config(value: &Value, default_theta: f32) -> Result<(f32, RopeS
             original_max_position_embeddings: p
                 .get("original_max_position_embeddings")
                 .and_then(|v| v.as_u64())
-                .ok_or_else(|| Error::Config("llama3 rope needs original_max_position_embeddings".into()))?
-                as usize,
+                .ok_or_else(|| {
+                    Error::Config("llama3 rope needs original_max_position_embeddings".into())
+                })? as usize,
         },
-        other => return Err(Error::Config(format!("unsupported rope type `{other}` (supported: default, linear, yarn, llama3)"))),
+        other => {
+            return Err(Error::Config(format!(
+                "unsupported rope type `{other}` (supported: default, linear, yarn, llama3)"
+            )))
+        }
     };
     Ok((theta, scaling))
 }
@@ -96,7 +136,10 @@ pub fn eos_ids(dir: &Path, config: &Value) -> Vec<u32> {
     let from = |v: &Value| -> Vec<u32> {
         match v.get("eos_token_id") {
             Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-            Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(|x| x.as_u64().map(|x| x as u32))
+                .collect(),
             _ => Vec::new(),
         }
     };
@@ -150,8 +193,13 @@ mod tests {
 
     #[test]
     fn unknown_model_type_lists_supported_ones() {
-        let err = model_type(&serde_json::json!({"model_type": "gpt_neox"})).unwrap_err().to_string();
-        assert!(err.contains("gpt_neox") && err.contains("kimi_linear") && err.contains("llama"), "{err}");
+        let err = model_type(&serde_json::json!({"model_type": "gpt_neox"}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("gpt_neox") && err.contains("kimi_linear") && err.contains("llama"),
+            "{err}"
+        );
     }
 
     #[test]

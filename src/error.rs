@@ -93,7 +93,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     /// An [`Error::Io`] for `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
-        Error::Io { path: path.into(), source }
+        Error::Io {
+            path: path.into(),
+            source,
+        }
     }
 }
 
@@ -101,7 +104,12 @@ impl From<Error> for caracal_actors::engine::EngineError {
     fn from(e: Error) -> Self {
         use caracal_actors::engine::EngineError;
         match e {
-            Error::PromptTooLong { prompt, context, .. } => EngineError::ContextExceeded { tokens: prompt, context },
+            Error::PromptTooLong {
+                prompt, context, ..
+            } => EngineError::ContextExceeded {
+                tokens: prompt,
+                context,
+            },
             Error::Kernel(k) => EngineError::Kernel(k),
             other => EngineError::InvalidInput(other.to_string()),
         }
@@ -112,7 +120,11 @@ impl From<caracal_actors::engine::EngineError> for Error {
     fn from(e: caracal_actors::engine::EngineError) -> Self {
         use caracal_actors::engine::EngineError;
         match e {
-            EngineError::ContextExceeded { tokens, context } => Error::PromptTooLong { prompt: tokens, context, max_tokens: 0 },
+            EngineError::ContextExceeded { tokens, context } => Error::PromptTooLong {
+                prompt: tokens,
+                context,
+                max_tokens: 0,
+            },
             EngineError::Kernel(k) => Error::Kernel(k),
             EngineError::InvalidInput(s) => Error::InvalidRequest(s),
         }

@@ -57,7 +57,12 @@ pub struct PplOptions {
 
 impl Default for PplOptions {
     fn default() -> Self {
-        PplOptions { ctx: 512, bos: None, max_chunks: None, progress: false }
+        PplOptions {
+            ctx: 512,
+            bos: None,
+            max_chunks: None,
+            progress: false,
+        }
     }
 }
 
@@ -93,7 +98,11 @@ pub struct PplReport {
 pub fn tokenize_like_llama_cpp(tok: &TextTokenizer, text: &str) -> Result<(Vec<u32>, Option<u32>)> {
     let text = text.strip_suffix('\n').unwrap_or(text);
     let ids = tok.encode(text)?;
-    let bos = if tok.add_bos { tok.bos_token.as_deref().and_then(|b| tok.token_to_id(b)) } else { None };
+    let bos = if tok.add_bos {
+        tok.bos_token.as_deref().and_then(|b| tok.token_to_id(b))
+    } else {
+        None
+    };
     Ok((ids, bos))
 }
 
@@ -110,10 +119,15 @@ pub fn perplexity(model: &dyn CausalLm, tokens: &[u32], opts: &PplOptions) -> Re
     let ctx = opts.ctx;
     let info = model.info();
     if ctx < 4 {
-        return Err(Error::InvalidRequest(format!("--ctx must be at least 4, got {ctx}")));
+        return Err(Error::InvalidRequest(format!(
+            "--ctx must be at least 4, got {ctx}"
+        )));
     }
     if ctx > info.max_position {
-        return Err(Error::InvalidRequest(format!("--ctx {ctx} exceeds the model's context length {}", info.max_position)));
+        return Err(Error::InvalidRequest(format!(
+            "--ctx {ctx} exceeds the model's context length {}",
+            info.max_position
+        )));
     }
     if tokens.len() < 2 * ctx {
         return Err(Error::InvalidRequest(format!(
@@ -123,7 +137,10 @@ pub fn perplexity(model: &dyn CausalLm, tokens: &[u32], opts: &PplOptions) -> Re
         )));
     }
     if let Some(bad) = tokens.iter().find(|&&t| t as usize >= info.vocab_size) {
-        return Err(Error::InvalidRequest(format!("token id {bad} is outside the vocabulary (size {})", info.vocab_size)));
+        return Err(Error::InvalidRequest(format!(
+            "token id {bad} is outside the vocabulary (size {})",
+            info.vocab_size
+        )));
     }
     let n_chunk = (tokens.len() / ctx).min(opts.max_chunks.unwrap_or(usize::MAX));
     let first = ctx / 2;
@@ -131,9 +148,11 @@ pub fn perplexity(model: &dyn CausalLm, tokens: &[u32], opts: &PplOptions) -> Re
     let pb = if opts.progress {
         let pb = ProgressBar::new(n_chunk as u64);
         pb.set_style(
-            ProgressStyle::with_template("perplexity [{bar:40}] {pos}/{len} windows {elapsed} (eta {eta}) {msg}")
-                .expect("static progress template is valid")
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "perplexity [{bar:40}] {pos}/{len} windows {elapsed} (eta {eta}) {msg}",
+            )
+            .expect("static progress template is valid")
+            .progress_chars("=> "),
         );
         pb
     } else {
@@ -152,7 +171,12 @@ pub fn perplexity(model: &dyn CausalLm, tokens: &[u32], opts: &PplOptions) -> Re
         // logits[r] is the row of position first + r; it predicts window[first + r + 1].
         let terms: Vec<f64> = (0..ctx - 1 - first)
             .into_par_iter()
-            .map(|r| nll_llama_cpp(&logits[r * vocab..(r + 1) * vocab], window[first + r + 1] as usize))
+            .map(|r| {
+                nll_llama_cpp(
+                    &logits[r * vocab..(r + 1) * vocab],
+                    window[first + r + 1] as usize,
+                )
+            })
             .collect();
         for v in terms {
             nll += v;
@@ -169,7 +193,11 @@ pub fn perplexity(model: &dyn CausalLm, tokens: &[u32], opts: &PplOptions) -> Re
     let mean = nll / count as f64;
     let ppl = mean.exp();
     let var = nll2 / count as f64 - mean * mean;
-    let stderr = if var > 0.0 && count > 1 { (var / (count - 1) as f64).sqrt() * ppl } else { 0.0 };
+    let stderr = if var > 0.0 && count > 1 {
+        (var / (count - 1) as f64).sqrt() * ppl
+    } else {
+        0.0
+    };
     Ok(PplReport {
         ppl,
         ppl_stderr: stderr,
@@ -188,14 +216,34 @@ pub fn perplexity(model: &dyn CausalLm, tokens: &[u32], opts: &PplOptions) -> Re
 /// `first ..` (row-major `[window.len() − first, vocab]`). The part before
 /// `first` is run without logits; both parts go in pieces of at most
 /// [`PREFILL_CHUNK`] tokens, as `generate` does.
-fn window_logits(model: &dyn CausalLm, window: &[u32], first: usize, pages: usize) -> Result<Vec<f32>> {
+fn window_logits(
+    model: &dyn CausalLm,
+    window: &[u32],
+    first: usize,
+    pages: usize,
+) -> Result<Vec<f32>> {
     let info = model.info();
-    let mut cache = KvPool::new(info.kv_layers, if info.kv_layers > 0 { pages } else { 0 }, PAGE_SIZE, info.kv_width);
+    let mut cache = KvPool::new(
+        info.kv_layers,
+        if info.kv_layers > 0 { pages } else { 0 },
+        PAGE_SIZE,
+        info.kv_width,
+    );
     let mut state = model.new_state();
     let mut out = Vec::with_capacity((window.len() - first) * info.vocab_size);
-    for (part, mode) in [(&window[..first], LogitsMode::None), (&window[first..], LogitsMode::All)] {
+    for (part, mode) in [
+        (&window[..first], LogitsMode::None),
+        (&window[first..], LogitsMode::All),
+    ] {
         for piece in part.chunks(PREFILL_CHUNK) {
-            let logits = model.forward(&mut cache, &mut [SeqBatch { tokens: piece, state: &mut state, logits: mode }])?;
+            let logits = model.forward(
+                &mut cache,
+                &mut [SeqBatch {
+                    tokens: piece,
+                    state: &mut state,
+                    logits: mode,
+                }],
+            )?;
             out.extend_from_slice(&logits);
         }
     }
@@ -208,10 +256,16 @@ mod tests {
 
     #[test]
     fn nll_matches_an_f64_log_softmax() {
-        let logits: Vec<f32> = (0..1000).map(|i| ((i * 7919 % 1000) as f32 / 100.0) - 3.0).collect();
+        let logits: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919 % 1000) as f32 / 100.0) - 3.0)
+            .collect();
         for tok in [0usize, 17, 999] {
             let m = logits.iter().map(|&l| l as f64).fold(f64::MIN, f64::max);
-            let lse = m + logits.iter().map(|&l| (l as f64 - m).exp()).sum::<f64>().ln();
+            let lse = m + logits
+                .iter()
+                .map(|&l| (l as f64 - m).exp())
+                .sum::<f64>()
+                .ln();
             let want = lse - logits[tok] as f64;
             let got = nll_llama_cpp(&logits, tok);
             // f32 exps summed in f64: relative error ~1e-7 of the log-sum-exp.

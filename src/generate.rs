@@ -34,11 +34,22 @@ impl LoadedModel {
     /// Loads `dir` (config, weights, tokenizer if present).
     pub fn load(dir: &Path) -> Result<LoadedModel> {
         if !dir.is_dir() {
-            return Err(Error::io(dir, std::io::Error::new(std::io::ErrorKind::NotFound, "model folder does not exist")));
+            return Err(Error::io(
+                dir,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "model folder does not exist"),
+            ));
         }
         let model = models::load(dir)?;
-        let tokenizer = if TextTokenizer::exists_in(dir) { Some(TextTokenizer::from_dir(dir)?) } else { None };
-        Ok(LoadedModel { dir: dir.to_path_buf(), model, tokenizer })
+        let tokenizer = if TextTokenizer::exists_in(dir) {
+            Some(TextTokenizer::from_dir(dir)?)
+        } else {
+            None
+        };
+        Ok(LoadedModel {
+            dir: dir.to_path_buf(),
+            model,
+            tokenizer,
+        })
     }
 }
 
@@ -85,26 +96,54 @@ pub struct Generation {
 }
 
 /// Runs prefill then decode for one sequence. `on_token` sees each new id.
-pub fn generate(model: &dyn CausalLm, req: &GenerateRequest, mut on_token: impl FnMut(u32)) -> Result<Generation> {
+pub fn generate(
+    model: &dyn CausalLm,
+    req: &GenerateRequest,
+    mut on_token: impl FnMut(u32),
+) -> Result<Generation> {
     let info = model.info();
     let n = req.prompt_ids.len();
     if n == 0 {
         return Err(Error::InvalidRequest("the prompt is empty".into()));
     }
     if n >= info.max_position {
-        return Err(Error::PromptTooLong { prompt: n, context: info.max_position, max_tokens: req.max_tokens });
+        return Err(Error::PromptTooLong {
+            prompt: n,
+            context: info.max_position,
+            max_tokens: req.max_tokens,
+        });
     }
     let max_tokens = req.max_tokens.min(info.max_position - n);
     let pages = (n + max_tokens).div_ceil(PAGE_SIZE) + 1;
-    let mut cache = KvPool::new(info.kv_layers, if info.kv_layers > 0 { pages } else { 0 }, PAGE_SIZE, info.kv_width);
+    let mut cache = KvPool::new(
+        info.kv_layers,
+        if info.kv_layers > 0 { pages } else { 0 },
+        PAGE_SIZE,
+        info.kv_width,
+    );
     let mut state = model.new_state();
-    let mut rng = req.sampling.seed.map(Rng::new).unwrap_or_else(Rng::from_clock);
+    let mut rng = req
+        .sampling
+        .seed
+        .map(Rng::new)
+        .unwrap_or_else(Rng::from_clock);
     let t0 = Instant::now();
     let mut logits = Vec::new();
     let chunks: Vec<&[u32]> = req.prompt_ids.chunks(PREFILL_CHUNK).collect();
     for (i, chunk) in chunks.iter().enumerate() {
-        let mode = if i + 1 == chunks.len() { LogitsMode::Last } else { LogitsMode::None };
-        logits = model.forward(&mut cache, &mut [SeqBatch { tokens: chunk, state: &mut state, logits: mode }])?;
+        let mode = if i + 1 == chunks.len() {
+            LogitsMode::Last
+        } else {
+            LogitsMode::None
+        };
+        logits = model.forward(
+            &mut cache,
+            &mut [SeqBatch {
+                tokens: chunk,
+                state: &mut state,
+                logits: mode,
+            }],
+        )?;
     }
     let mut out = Vec::new();
     let mut finish = FinishReason::Length;
@@ -125,7 +164,14 @@ pub fn generate(model: &dyn CausalLm, req: &GenerateRequest, mut on_token: impl 
         if out.len() == max_tokens {
             break;
         }
-        logits = model.forward(&mut cache, &mut [SeqBatch { tokens: &[next], state: &mut state, logits: LogitsMode::Last }])?;
+        logits = model.forward(
+            &mut cache,
+            &mut [SeqBatch {
+                tokens: &[next],
+                state: &mut state,
+                logits: LogitsMode::Last,
+            }],
+        )?;
     }
     let decode_seconds = t1.elapsed().as_secs_f64();
     let decoded = out.len().saturating_sub(1);
@@ -135,7 +181,11 @@ pub fn generate(model: &dyn CausalLm, req: &GenerateRequest, mut on_token: impl 
         prefill_seconds,
         decode_seconds,
         prefill_tokens_per_s: n as f64 / prefill_seconds.max(1e-9),
-        decode_tokens_per_s: if decoded > 0 { decoded as f64 / decode_seconds.max(1e-9) } else { 0.0 },
+        decode_tokens_per_s: if decoded > 0 {
+            decoded as f64 / decode_seconds.max(1e-9)
+        } else {
+            0.0
+        },
         token_ids: out,
     })
 }
@@ -144,11 +194,23 @@ pub fn generate(model: &dyn CausalLm, req: &GenerateRequest, mut on_token: impl 
 pub fn prompt_logits(model: &dyn CausalLm, ids: &[u32]) -> Result<Vec<f32>> {
     let info = model.info();
     let pages = ids.len().div_ceil(PAGE_SIZE) + 1;
-    let mut cache = KvPool::new(info.kv_layers, if info.kv_layers > 0 { pages } else { 0 }, PAGE_SIZE, info.kv_width);
+    let mut cache = KvPool::new(
+        info.kv_layers,
+        if info.kv_layers > 0 { pages } else { 0 },
+        PAGE_SIZE,
+        info.kv_width,
+    );
     let mut state = model.new_state();
     let mut all = Vec::with_capacity(ids.len() * info.vocab_size);
     for chunk in ids.chunks(PREFILL_CHUNK) {
-        all.extend(model.forward(&mut cache, &mut [SeqBatch { tokens: chunk, state: &mut state, logits: LogitsMode::All }])?);
+        all.extend(model.forward(
+            &mut cache,
+            &mut [SeqBatch {
+                tokens: chunk,
+                state: &mut state,
+                logits: LogitsMode::All,
+            }],
+        )?);
     }
     Ok(all)
 }

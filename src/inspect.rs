@@ -97,7 +97,13 @@ pub struct ScaleStats {
 
 impl Default for ScaleStats {
     fn default() -> Self {
-        ScaleStats { blocks: 0, hist: vec![0; 256], nan_scales: 0, max_code_blocks: 0, saturated: 0 }
+        ScaleStats {
+            blocks: 0,
+            hist: vec![0; 256],
+            nan_scales: 0,
+            max_code_blocks: 0,
+            saturated: 0,
+        }
     }
 }
 
@@ -132,12 +138,18 @@ impl ScaleStats {
 
     /// Smallest exponent of a finite scale.
     pub fn min_exp(&self) -> Option<i32> {
-        self.hist[..255].iter().position(|&c| c > 0).map(|i| i as i32 - 127)
+        self.hist[..255]
+            .iter()
+            .position(|&c| c > 0)
+            .map(|i| i as i32 - 127)
     }
 
     /// Largest exponent of a finite scale.
     pub fn max_exp(&self) -> Option<i32> {
-        self.hist[..255].iter().rposition(|&c| c > 0).map(|i| i as i32 - 127)
+        self.hist[..255]
+            .iter()
+            .rposition(|&c| c > 0)
+            .map(|i| i as i32 - 127)
     }
 
     /// Median exponent of the finite scales (the lower median).
@@ -160,14 +172,30 @@ impl ScaleStats {
     /// (one character per exponent, at most 24; wider ranges are binned).
     pub fn sparkline(&self) -> String {
         const BARS: [char; 9] = [' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
-        let (Some(lo), Some(hi)) = (self.min_exp(), self.max_exp()) else { return String::new() };
+        let (Some(lo), Some(hi)) = (self.min_exp(), self.max_exp()) else {
+            return String::new();
+        };
         let span = (hi - lo + 1) as usize;
         let per = span.div_ceil(24);
         let bins: Vec<u64> = (0..span.div_ceil(per))
-            .map(|b| (0..per).map(|k| lo + (b * per + k) as i32).filter(|&e| e <= hi).map(|e| self.hist[(e + 127) as usize]).sum())
+            .map(|b| {
+                (0..per)
+                    .map(|k| lo + (b * per + k) as i32)
+                    .filter(|&e| e <= hi)
+                    .map(|e| self.hist[(e + 127) as usize])
+                    .sum()
+            })
             .collect();
         let top = *bins.iter().max().unwrap_or(&1) as f64;
-        bins.iter().map(|&c| if c == 0 { BARS[0] } else { BARS[1 + ((c as f64 / top) * 7.0).round() as usize] }).collect()
+        bins.iter()
+            .map(|&c| {
+                if c == 0 {
+                    BARS[0]
+                } else {
+                    BARS[1 + ((c as f64 / top) * 7.0).round() as usize]
+                }
+            })
+            .collect()
     }
 }
 
@@ -222,7 +250,16 @@ pub enum InspectReport {
 
 /// `name` with every purely numeric dot-separated component replaced by `*`.
 pub fn name_pattern(name: &str) -> String {
-    name.split('.').map(|c| if !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()) { "*" } else { c }).collect::<Vec<_>>().join(".")
+    name.split('.')
+        .map(|c| {
+            if !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()) {
+                "*"
+            } else {
+                c
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(".")
 }
 
 /// Splits `….experts.{j}.rest` into (`….experts`, j).
@@ -240,32 +277,59 @@ type Piece<'a> = (String, Option<usize>, &'a [u8], &'a [u8]);
 pub fn inspect(path: &Path) -> Result<InspectReport> {
     if path.is_file() {
         let mut magic = [0u8; 4];
-        let is_gguf = std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok()
+        let is_gguf = std::fs::File::open(path)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+            .is_ok()
             && &magic == b"GGUF"
-            || path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+            || path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
         if is_gguf {
-            let info =
-                gguf_info(path).map_err(|e| Error::BadFile { what: "GGUF file", path: path.to_path_buf(), detail: e.to_string() })?;
+            let info = gguf_info(path).map_err(|e| Error::BadFile {
+                what: "GGUF file",
+                path: path.to_path_buf(),
+                detail: e.to_string(),
+            })?;
             return Ok(InspectReport::Gguf(Box::new(info)));
         }
-        return Err(Error::Config(format!("{} is a file but not a GGUF; pass a checkpoint folder", path.display())));
+        return Err(Error::Config(format!(
+            "{} is a file but not a GGUF; pass a checkpoint folder",
+            path.display()
+        )));
     }
-    Ok(InspectReport::Checkpoint(Box::new(inspect_checkpoint(path)?)))
+    Ok(InspectReport::Checkpoint(Box::new(inspect_checkpoint(
+        path,
+    )?)))
 }
 
 /// Inspects a safetensors checkpoint folder.
 pub fn inspect_checkpoint(dir: &Path) -> Result<CheckpointReport> {
     let ckpt = Checkpoint::open(dir)?;
     let cfg_path = dir.join("config.json");
-    let config = if cfg_path.exists() { Some(read_json(&cfg_path, "config.json")?) } else { None };
-    let model_type = config.as_ref().and_then(|c| c.get("model_type")).and_then(|v| v.as_str()).map(String::from);
-    let quantization = config.as_ref().and_then(|c| c.get("quantization_config")).filter(|q| !q.is_null()).map(|q| {
-        let m = q.get("quant_method").and_then(|v| v.as_str()).unwrap_or("?");
-        match q.get("format").and_then(|v| v.as_str()) {
-            Some(f) => format!("{m} / {f}"),
-            None => m.to_string(),
-        }
-    });
+    let config = if cfg_path.exists() {
+        Some(read_json(&cfg_path, "config.json")?)
+    } else {
+        None
+    };
+    let model_type = config
+        .as_ref()
+        .and_then(|c| c.get("model_type"))
+        .and_then(|v| v.as_str())
+        .map(String::from);
+    let quantization = config
+        .as_ref()
+        .and_then(|c| c.get("quantization_config"))
+        .filter(|q| !q.is_null())
+        .map(|q| {
+            let m = q
+                .get("quant_method")
+                .and_then(|v| v.as_str())
+                .unwrap_or("?");
+            match q.get("format").and_then(|v| v.as_str()) {
+                Some(f) => format!("{m} / {f}"),
+                None => m.to_string(),
+            }
+        });
 
     let mut tensors = Vec::new();
     let mut groups: BTreeMap<(String, String), GroupRow> = BTreeMap::new();
@@ -278,21 +342,32 @@ pub fn inspect_checkpoint(dir: &Path) -> Result<CheckpointReport> {
             Some(Mxfp4Role::Scales) => 0,
             None => numel,
         };
-        let row =
-            TensorRow { name: name.to_string(), dtype: e.dtype.name().to_string(), shape: e.shape.clone(), bytes: e.len as u64, params };
+        let row = TensorRow {
+            name: name.to_string(),
+            dtype: e.dtype.name().to_string(),
+            shape: e.shape.clone(),
+            bytes: e.len as u64,
+            params,
+        };
         let pattern = name_pattern(name);
-        let g = groups.entry((pattern.clone(), row.dtype.clone())).or_insert_with(|| GroupRow {
-            pattern,
-            dtype: row.dtype.clone(),
-            shape: row.shape.clone(),
-            count: 0,
-            bytes: 0,
-            params: 0,
-        });
+        let g = groups
+            .entry((pattern.clone(), row.dtype.clone()))
+            .or_insert_with(|| GroupRow {
+                pattern,
+                dtype: row.dtype.clone(),
+                shape: row.shape.clone(),
+                count: 0,
+                bytes: 0,
+                params: 0,
+            });
         g.count += 1;
         g.bytes += row.bytes;
         g.params += params;
-        let d = dtypes.entry(row.dtype.clone()).or_insert_with(|| DtypeRow { dtype: row.dtype.clone(), count: 0, bytes: 0 });
+        let d = dtypes.entry(row.dtype.clone()).or_insert_with(|| DtypeRow {
+            dtype: row.dtype.clone(),
+            count: 0,
+            bytes: 0,
+        });
         d.count += 1;
         d.bytes += row.bytes;
         tensors.push(row);
@@ -311,12 +386,14 @@ pub fn inspect_checkpoint(dir: &Path) -> Result<CheckpointReport> {
     let mut total = ScaleStats::default();
     for (scope, expert, s) in per_piece {
         total.merge(&s);
-        let x = by_expert.entry((scope.clone(), expert)).or_insert_with(|| ExpertScales {
-            scope,
-            expert,
-            matrices: 0,
-            stats: ScaleStats::default(),
-        });
+        let x = by_expert
+            .entry((scope.clone(), expert))
+            .or_insert_with(|| ExpertScales {
+                scope,
+                expert,
+                matrices: 0,
+                stats: ScaleStats::default(),
+            });
         x.matrices += 1;
         x.stats.merge(&s);
     }
@@ -380,7 +457,10 @@ fn mxfp4_pieces(ckpt: &Checkpoint) -> Result<Vec<Piece<'_>>> {
             // `[E, R, nb]`: dim 0 indexes experts; the scope is the `experts` module.
             let experts = e.shape[0];
             let per = scales.len() / experts.max(1);
-            let scope = base.rsplit_once('.').map(|(s, _)| s.to_string()).unwrap_or_else(|| base.to_string());
+            let scope = base
+                .rsplit_once('.')
+                .map(|(s, _)| s.to_string())
+                .unwrap_or_else(|| base.to_string());
             for j in 0..experts {
                 out.push((
                     scope.clone(),
@@ -407,7 +487,12 @@ fn opt(v: Option<i32>) -> String {
     v.map(|x| x.to_string()).unwrap_or_else(|| "-".into())
 }
 
-fn stats_line(f: &mut fmt::Formatter<'_>, label: &str, matrices: usize, s: &ScaleStats) -> fmt::Result {
+fn stats_line(
+    f: &mut fmt::Formatter<'_>,
+    label: &str,
+    matrices: usize,
+    s: &ScaleStats,
+) -> fmt::Result {
     writeln!(
         f,
         "  {label:<44} {matrices:>4} {:>10} {:>5} {:>5} {:>5} {:>6} {:>6} {:>9}  {}",
@@ -425,7 +510,10 @@ fn stats_line(f: &mut fmt::Formatter<'_>, label: &str, matrices: usize, s: &Scal
 impl CheckpointReport {
     /// Experts (or weights) with NaN scales or saturated blocks.
     pub fn flagged(&self) -> Vec<&ExpertScales> {
-        self.mxfp4.iter().filter(|x| x.stats.nan_scales > 0 || x.stats.saturated > 0).collect()
+        self.mxfp4
+            .iter()
+            .filter(|x| x.stats.nan_scales > 0 || x.stats.saturated > 0)
+            .collect()
     }
 
     /// The report as text; `all` adds one line per tensor and per expert.
@@ -441,10 +529,22 @@ impl CheckpointReport {
 
     fn write(&self, f: &mut fmt::Formatter<'_>, all: bool) -> fmt::Result {
         writeln!(f, "checkpoint    {}", self.dir.display())?;
-        writeln!(f, "model_type    {}", self.model_type.as_deref().unwrap_or("(no config.json)"))?;
-        writeln!(f, "quantization  {}", self.quantization.as_deref().unwrap_or("none"))?;
+        writeln!(
+            f,
+            "model_type    {}",
+            self.model_type.as_deref().unwrap_or("(no config.json)")
+        )?;
+        writeln!(
+            f,
+            "quantization  {}",
+            self.quantization.as_deref().unwrap_or("none")
+        )?;
         writeln!(f, "files         {}", self.shards.join(", "))?;
-        let bpp = if self.params > 0 { self.bytes as f64 * 8.0 / self.params as f64 } else { 0.0 };
+        let bpp = if self.params > 0 {
+            self.bytes as f64 * 8.0 / self.params as f64
+        } else {
+            0.0
+        };
         writeln!(
             f,
             "tensors       {} ({} parameters, {} bytes = {}, {bpp:.2} bits/parameter)",
@@ -454,17 +554,47 @@ impl CheckpointReport {
             human(self.bytes)
         )?;
         for d in &self.dtypes {
-            writeln!(f, "  {:<6} {:>6} tensors {:>14} bytes ({})", d.dtype, d.count, d.bytes, human(d.bytes))?;
+            writeln!(
+                f,
+                "  {:<6} {:>6} tensors {:>14} bytes ({})",
+                d.dtype,
+                d.count,
+                d.bytes,
+                human(d.bytes)
+            )?;
         }
         if all {
-            writeln!(f, "\n{:<72} {:<6} {:<20} {:>12}", "tensor", "dtype", "shape", "bytes")?;
+            writeln!(
+                f,
+                "\n{:<72} {:<6} {:<20} {:>12}",
+                "tensor", "dtype", "shape", "bytes"
+            )?;
             for t in &self.tensors {
-                writeln!(f, "{:<72} {:<6} {:<20} {:>12}", t.name, t.dtype, format!("{:?}", t.shape), t.bytes)?;
+                writeln!(
+                    f,
+                    "{:<72} {:<6} {:<20} {:>12}",
+                    t.name,
+                    t.dtype,
+                    format!("{:?}", t.shape),
+                    t.bytes
+                )?;
             }
         } else {
-            writeln!(f, "\n{:>5}  {:<64} {:<6} {:<18} {:>12}", "count", "tensor pattern", "dtype", "shape (first)", "bytes")?;
+            writeln!(
+                f,
+                "\n{:>5}  {:<64} {:<6} {:<18} {:>12}",
+                "count", "tensor pattern", "dtype", "shape (first)", "bytes"
+            )?;
             for g in &self.groups {
-                writeln!(f, "{:>5}  {:<64} {:<6} {:<18} {:>12}", g.count, g.pattern, g.dtype, format!("{:?}", g.shape), g.bytes)?;
+                writeln!(
+                    f,
+                    "{:>5}  {:<64} {:<6} {:<18} {:>12}",
+                    g.count,
+                    g.pattern,
+                    g.dtype,
+                    format!("{:?}", g.shape),
+                    g.bytes
+                )?;
             }
         }
         if self.mxfp4.is_empty() {
@@ -486,29 +616,48 @@ impl CheckpointReport {
                 };
                 stats_line(f, &label, x.matrices, &x.stats)?;
             }
-            let s = scopes.entry(&x.scope).or_insert_with(|| (0, 0, ScaleStats::default()));
+            let s = scopes
+                .entry(&x.scope)
+                .or_insert_with(|| (0, 0, ScaleStats::default()));
             s.0 += x.matrices;
             s.1 += usize::from(x.expert.is_some());
             s.2.merge(&x.stats);
         }
         if !all {
             for (scope, (mats, experts, s)) in &scopes {
-                let label = if *experts > 0 { format!("{scope}.* ({experts} experts)") } else { scope.to_string() };
+                let label = if *experts > 0 {
+                    format!("{scope}.* ({experts} experts)")
+                } else {
+                    scope.to_string()
+                };
                 stats_line(f, &label, *mats, s)?;
             }
         }
-        stats_line(f, "all MXFP4 weights", self.mxfp4.iter().map(|x| x.matrices).sum(), &self.mxfp4_total)?;
+        stats_line(
+            f,
+            "all MXFP4 weights",
+            self.mxfp4.iter().map(|x| x.matrices).sum(),
+            &self.mxfp4_total,
+        )?;
         let flagged = self.flagged();
         if flagged.is_empty() {
             writeln!(f, "no NaN scales, no saturated blocks")?;
         } else {
-            writeln!(f, "FLAGGED: {} experts/weights with NaN scales or saturated blocks:", flagged.len())?;
+            writeln!(
+                f,
+                "FLAGGED: {} experts/weights with NaN scales or saturated blocks:",
+                flagged.len()
+            )?;
             for x in flagged.iter().take(if all { usize::MAX } else { 20 }) {
                 let label = match x.expert {
                     Some(j) => format!("{}.{j}", x.scope),
                     None => x.scope.clone(),
                 };
-                writeln!(f, "  {label}: {} NaN scales, {} saturated blocks", x.stats.nan_scales, x.stats.saturated)?;
+                writeln!(
+                    f,
+                    "  {label}: {} NaN scales, {} saturated blocks",
+                    x.stats.nan_scales, x.stats.saturated
+                )?;
             }
         }
         Ok(())
@@ -537,10 +686,19 @@ mod tests {
 
     #[test]
     fn folds_layer_and_expert_indices_into_stars() {
-        assert_eq!(name_pattern("model.layers.12.mlp.experts.7.w1.weight_packed"), "model.layers.*.mlp.experts.*.w1.weight_packed");
+        assert_eq!(
+            name_pattern("model.layers.12.mlp.experts.7.w1.weight_packed"),
+            "model.layers.*.mlp.experts.*.w1.weight_packed"
+        );
         assert_eq!(name_pattern("model.norm.weight"), "model.norm.weight");
-        assert_eq!(expert_of("model.layers.3.mlp.experts.17.gate_proj"), Some(("model.layers.3.mlp.experts".into(), 17)));
-        assert_eq!(expert_of("model.layers.3.mlp.shared_experts.gate_proj"), None);
+        assert_eq!(
+            expert_of("model.layers.3.mlp.experts.17.gate_proj"),
+            Some(("model.layers.3.mlp.experts".into(), 17))
+        );
+        assert_eq!(
+            expert_of("model.layers.3.mlp.shared_experts.gate_proj"),
+            None
+        );
     }
 
     #[test]
@@ -555,7 +713,14 @@ mod tests {
         assert_eq!(s.nan_scales, 1);
         assert_eq!(s.max_code_blocks, 2);
         assert_eq!(s.saturated, 1);
-        assert_eq!((s.min_exp(), s.median_exp(), s.max_exp()), (Some(0), Some(127), Some(127)));
-        assert_eq!(s.sparkline().chars().count(), 22, "128 exponents in bins of 6 (at most 24 columns)");
+        assert_eq!(
+            (s.min_exp(), s.median_exp(), s.max_exp()),
+            (Some(0), Some(127), Some(127))
+        );
+        assert_eq!(
+            s.sparkline().chars().count(),
+            22,
+            "128 exponents in bins of 6 (at most 24 columns)"
+        );
     }
 }

@@ -58,12 +58,12 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 use safetensors::tensor::TensorView;
-use safetensors::Dtype;
 use serde_json::{json, Value};
 
 use crate::checkpoint::{Checkpoint, StoredDType};
 use crate::config::{parse_config, read_json};
 use crate::error::{Error, Result};
+use crate::export::{bad_write, copy_side_files, st_dtype, write_json};
 use crate::models::llama::{LlamaConfig, LlamaMoeConfig};
 
 /// How routed experts are made from the dense MLP's routed neurons.
@@ -170,11 +170,19 @@ pub fn plan_split(intermediate: usize, opts: &MoeifyOptions) -> Result<FfnSplit>
         )));
     }
     if !(0.0..1.0).contains(&opts.shared_fraction) {
-        return Err(Error::Config(format!("moeify: --shared-fraction must be in [0, 1), got {}", opts.shared_fraction)));
+        return Err(Error::Config(format!(
+            "moeify: --shared-fraction must be in [0, 1), got {}",
+            opts.shared_fraction
+        )));
     }
-    let align = if intermediate.is_multiple_of(32) && intermediate >= 64 { 32 } else { 1 };
+    let align = if intermediate.is_multiple_of(32) && intermediate >= 64 {
+        32
+    } else {
+        1
+    };
     let units = intermediate / align;
-    let mut shared = ((opts.shared_fraction * units as f64).round() as usize).min(units - 1) * align;
+    let mut shared =
+        ((opts.shared_fraction * units as f64).round() as usize).min(units - 1) * align;
     let (m, routed, down_scale) = match opts.variant {
         Variant::Copy => {
             let m = intermediate - shared;
@@ -186,10 +194,15 @@ pub fn plan_split(intermediate: usize, opts: &MoeifyOptions) -> Result<FfnSplit>
             }
             let m = (intermediate - shared) / e;
             if m == 0 {
-                return Err(Error::Config(format!("moeify: {} routed neurons cannot be split into {e} experts", intermediate - shared)));
+                return Err(Error::Config(format!(
+                    "moeify: {} routed neurons cannot be split into {e} experts",
+                    intermediate - shared
+                )));
             }
             shared = intermediate - m * e;
-            let routed = (0..e).map(|j| shared + j * m..shared + (j + 1) * m).collect();
+            let routed = (0..e)
+                .map(|j| shared + j * m..shared + (j + 1) * m)
+                .collect();
             (m, routed, e as f32 / rsf)
         }
     };
@@ -247,7 +260,13 @@ pub struct MoeifyReport {
 impl std::fmt::Display for MoeifyReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = &self.split;
-        writeln!(f, "moeify ({}): {} -> {}", self.variant.name(), self.in_dir.display(), self.out_dir.display())?;
+        writeln!(
+            f,
+            "moeify ({}): {} -> {}",
+            self.variant.name(),
+            self.in_dir.display(),
+            self.out_dir.display()
+        )?;
         writeln!(
             f,
             "  {} MoE layers: {} routed experts x {} neurons, top-{} (n_group {}, topk_group {}), routed_scaling_factor {}",
@@ -264,7 +283,14 @@ impl std::fmt::Display for MoeifyReport {
             "  shared expert: {} of {} neurons ({} shared experts, {} zero-padding neurons); down scaled by {}",
             s.shared, s.intermediate, s.n_shared_experts, s.shared_padding, s.down_scale
         )?;
-        writeln!(f, "  parameters {} -> {}, {:.1} MiB written in {:.1?}", self.params_in, self.params_out, self.bytes_out as f64 / (1u64 << 20) as f64, self.elapsed)?;
+        writeln!(
+            f,
+            "  parameters {} -> {}, {:.1} MiB written in {:.1?}",
+            self.params_in,
+            self.params_out,
+            self.bytes_out as f64 / (1u64 << 20) as f64,
+            self.elapsed
+        )?;
         writeln!(f, "  weights: {}", self.shards.join(", "))?;
         write!(f, "  copied: {}", self.copied_files.join(", "))
     }
@@ -276,12 +302,31 @@ enum Source {
     /// A source tensor as stored.
     Copy(String),
     /// Rows `start..start + len` of `[_, cols]` source `src`, then `pad` zero rows.
-    Rows { src: String, cols: usize, start: usize, len: usize, pad: usize },
+    Rows {
+        src: String,
+        cols: usize,
+        start: usize,
+        len: usize,
+        pad: usize,
+    },
     /// Columns `start..start + len` of `[rows, cols]` source `src`, times
     /// `scale` (a power of two), then `pad` zero columns per row.
-    Cols { src: String, rows: usize, cols: usize, start: usize, len: usize, pad: usize, scale: f32 },
+    Cols {
+        src: String,
+        rows: usize,
+        cols: usize,
+        start: usize,
+        len: usize,
+        pad: usize,
+        scale: f32,
+    },
     /// `[rows, cols]` uniform in `[-amplitude, amplitude)` (zeros when 0), in the output dtype.
-    Random { rows: usize, cols: usize, amplitude: f32, seed: u64 },
+    Random {
+        rows: usize,
+        cols: usize,
+        amplitude: f32,
+        seed: u64,
+    },
 }
 
 /// One tensor of the output.
@@ -299,17 +344,6 @@ impl OutTensor {
     }
 }
 
-fn st_dtype(d: StoredDType, name: &str) -> Result<Dtype> {
-    Ok(match d {
-        StoredDType::F32 => Dtype::F32,
-        StoredDType::BF16 => Dtype::BF16,
-        StoredDType::F16 => Dtype::F16,
-        StoredDType::U8 => Dtype::U8,
-        StoredDType::I32 => Dtype::I32,
-        other => return Err(Error::TensorDType { name: name.into(), expected: "f32, bf16, f16, u8, i32".into(), found: other.name().into() }),
-    })
-}
-
 fn read_elem(d: StoredDType, b: &[u8]) -> f32 {
     match d {
         StoredDType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
@@ -321,7 +355,9 @@ fn read_elem(d: StoredDType, b: &[u8]) -> f32 {
 fn write_elem(d: StoredDType, x: f32, out: &mut Vec<u8>) {
     match d {
         StoredDType::F32 => out.extend_from_slice(&x.to_le_bytes()),
-        StoredDType::BF16 => out.extend_from_slice(&caracal_kernels::dtype::f32_to_bf16(x).to_le_bytes()),
+        StoredDType::BF16 => {
+            out.extend_from_slice(&caracal_kernels::dtype::f32_to_bf16(x).to_le_bytes())
+        }
         _ => out.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
     }
 }
@@ -349,14 +385,28 @@ fn materialize<'a>(ckpt: &'a Checkpoint, t: &OutTensor) -> Result<Cow<'a, [u8]>>
     let size = t.dtype.size();
     match &t.source {
         Source::Copy(name) => Ok(Cow::Borrowed(ckpt.bytes(name)?)),
-        Source::Rows { src, cols, start, len, pad } => {
+        Source::Rows {
+            src,
+            cols,
+            start,
+            len,
+            pad,
+        } => {
             let b = ckpt.bytes(src)?;
             let row = cols * size;
             let mut out = b[start * row..(start + len) * row].to_vec();
             out.resize(out.len() + pad * row, 0);
             Ok(Cow::Owned(out))
         }
-        Source::Cols { src, rows, cols, start, len, pad, scale } => {
+        Source::Cols {
+            src,
+            rows,
+            cols,
+            start,
+            len,
+            pad,
+            scale,
+        } => {
             let b = ckpt.bytes(src)?;
             let mut out = Vec::with_capacity(rows * (len + pad) * size);
             for r in 0..*rows {
@@ -382,11 +432,20 @@ fn materialize<'a>(ckpt: &'a Checkpoint, t: &OutTensor) -> Result<Cow<'a, [u8]>>
             }
             Ok(Cow::Owned(out))
         }
-        Source::Random { rows, cols, amplitude, seed } => {
+        Source::Random {
+            rows,
+            cols,
+            amplitude,
+            seed,
+        } => {
             let mut rng = SplitMix(*seed);
             let mut out = Vec::with_capacity(rows * cols * size);
             for _ in 0..rows * cols {
-                let v = if *amplitude == 0.0 { 0.0 } else { amplitude * rng.symmetric() };
+                let v = if *amplitude == 0.0 {
+                    0.0
+                } else {
+                    amplitude * rng.symmetric()
+                };
                 write_elem(t.dtype, v, &mut out);
             }
             Ok(Cow::Owned(out))
@@ -396,18 +455,30 @@ fn materialize<'a>(ckpt: &'a Checkpoint, t: &OutTensor) -> Result<Cow<'a, [u8]>>
 
 /// The layer index of `model.layers.{i}.…`.
 fn layer_of(name: &str) -> Option<usize> {
-    name.strip_prefix("model.layers.")?.split('.').next()?.parse().ok()
+    name.strip_prefix("model.layers.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The float dtype of a dense MLP weight, checked against `shape`.
 fn ffn_dtype(ckpt: &Checkpoint, name: &str, shape: [usize; 2]) -> Result<StoredDType> {
     let e = ckpt.entry(name)?;
     if e.shape != shape {
-        return Err(Error::TensorShape { name: name.into(), expected: shape.to_vec(), found: e.shape.clone() });
+        return Err(Error::TensorShape {
+            name: name.into(),
+            expected: shape.to_vec(),
+            found: e.shape.clone(),
+        });
     }
     match e.dtype {
         d @ (StoredDType::F32 | StoredDType::BF16 | StoredDType::F16) => Ok(d),
-        other => Err(Error::TensorDType { name: name.into(), expected: "f32, bf16, f16".into(), found: other.name().into() }),
+        other => Err(Error::TensorDType {
+            name: name.into(),
+            expected: "f32, bf16, f16".into(),
+            found: other.name().into(),
+        }),
     }
 }
 
@@ -419,7 +490,9 @@ fn router_keys(opts: &MoeifyOptions, split: &FfnSplit) -> Result<LlamaMoeConfig>
         (Variant::Split, None) => e,
         (Variant::Split, Some(k)) if k == e => k,
         (Variant::Split, Some(k)) => {
-            return Err(Error::Config(format!("moeify: split needs top_k = experts ({e}) so that every slice runs, got {k}")));
+            return Err(Error::Config(format!(
+                "moeify: split needs top_k = experts ({e}) so that every slice runs, got {k}"
+            )));
         }
     };
     let n_group = opts.n_group.unwrap_or(match opts.variant {
@@ -451,12 +524,26 @@ fn router_keys(opts: &MoeifyOptions, split: &FfnSplit) -> Result<LlamaMoeConfig>
 }
 
 /// The output tensors of MoE layer prefix `p`, replacing its dense MLP.
-fn moe_tensors(p: &str, d: usize, dt: StoredDType, split: &FfnSplit, opts: &MoeifyOptions, layer: usize) -> Vec<OutTensor> {
+fn moe_tensors(
+    p: &str,
+    d: usize,
+    dt: StoredDType,
+    split: &FfnSplit,
+    opts: &MoeifyOptions,
+    layer: usize,
+) -> Vec<OutTensor> {
     let inter = split.intermediate;
-    let (g, u, dn) = (format!("{p}.mlp.gate_proj.weight"), format!("{p}.mlp.up_proj.weight"), format!("{p}.mlp.down_proj.weight"));
+    let (g, u, dn) = (
+        format!("{p}.mlp.gate_proj.weight"),
+        format!("{p}.mlp.up_proj.weight"),
+        format!("{p}.mlp.down_proj.weight"),
+    );
     let mut out = Vec::new();
     let e = split.routed.len();
-    let seed = opts.seed.wrapping_mul(0x1000_0000_01b3).wrapping_add(layer as u64);
+    let seed = opts
+        .seed
+        .wrapping_mul(0x1000_0000_01b3)
+        .wrapping_add(layer as u64);
     // Copy: random router (logit std ≈ rms(x)) and a small random selection bias,
     // so choices differ per token. Split: zero router, every score 0.5.
     let (w_amp, b_amp) = match opts.variant {
@@ -467,13 +554,23 @@ fn moe_tensors(p: &str, d: usize, dt: StoredDType, split: &FfnSplit, opts: &Moei
         name: format!("{p}.mlp.gate.weight"),
         dtype: dt,
         shape: vec![e, d],
-        source: Source::Random { rows: e, cols: d, amplitude: w_amp, seed: seed.wrapping_mul(2) },
+        source: Source::Random {
+            rows: e,
+            cols: d,
+            amplitude: w_amp,
+            seed: seed.wrapping_mul(2),
+        },
     });
     out.push(OutTensor {
         name: format!("{p}.mlp.gate.e_score_correction_bias"),
         dtype: StoredDType::F32,
         shape: vec![e],
-        source: Source::Random { rows: 1, cols: e, amplitude: b_amp, seed: seed.wrapping_mul(2).wrapping_add(1) },
+        source: Source::Random {
+            rows: 1,
+            cols: e,
+            amplitude: b_amp,
+            seed: seed.wrapping_mul(2).wrapping_add(1),
+        },
     });
     let m = split.moe_intermediate_size;
     let mut mlp = |prefix: String, start: usize, len: usize, pad: usize, scale: f32| {
@@ -482,54 +579,92 @@ fn moe_tensors(p: &str, d: usize, dt: StoredDType, split: &FfnSplit, opts: &Moei
                 name: format!("{prefix}.{name}.weight"),
                 dtype: dt,
                 shape: vec![len + pad, d],
-                source: Source::Rows { src: src.clone(), cols: d, start, len, pad },
+                source: Source::Rows {
+                    src: src.clone(),
+                    cols: d,
+                    start,
+                    len,
+                    pad,
+                },
             });
         }
         out.push(OutTensor {
             name: format!("{prefix}.down_proj.weight"),
             dtype: dt,
             shape: vec![d, len + pad],
-            source: Source::Cols { src: dn.clone(), rows: d, cols: inter, start, len, pad, scale },
+            source: Source::Cols {
+                src: dn.clone(),
+                rows: d,
+                cols: inter,
+                start,
+                len,
+                pad,
+                scale,
+            },
         });
     };
     for (j, r) in split.routed.iter().enumerate() {
-        mlp(format!("{p}.mlp.experts.{j}"), r.start, m, 0, split.down_scale);
+        mlp(
+            format!("{p}.mlp.experts.{j}"),
+            r.start,
+            m,
+            0,
+            split.down_scale,
+        );
     }
     if split.n_shared_experts > 0 {
-        mlp(format!("{p}.mlp.shared_experts"), 0, split.shared, split.shared_padding, 1.0);
+        mlp(
+            format!("{p}.mlp.shared_experts"),
+            0,
+            split.shared,
+            split.shared_padding,
+            1.0,
+        );
     }
     out
-}
-
-fn bad_write(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::BadFile { what: "safetensors output", path: path.to_path_buf(), detail: e.to_string() }
-}
-
-fn write_json(path: &Path, v: &Value) -> Result<()> {
-    let text = serde_json::to_string_pretty(v).map_err(|e| bad_write(path, e))?;
-    std::fs::write(path, text + "\n").map_err(|e| Error::io(path, e))
 }
 
 /// Reads the dense `llama` checkpoint in `in_dir` and writes the MoE
 /// checkpoint to `out_dir` (created; files of the same names are replaced).
 /// See the module docs for the construction and the layout.
-pub fn moeify_checkpoint(in_dir: &Path, out_dir: &Path, opts: &MoeifyOptions) -> Result<MoeifyReport> {
+pub fn moeify_checkpoint(
+    in_dir: &Path,
+    out_dir: &Path,
+    opts: &MoeifyOptions,
+) -> Result<MoeifyReport> {
     let start = Instant::now();
     let _span = tracing::info_span!("moeify_checkpoint", in_dir = %in_dir.display(), variant = opts.variant.name()).entered();
     let cfg_path = in_dir.join("config.json");
     let mut config = read_json(&cfg_path, "config.json")?;
-    let mt = config.get("model_type").and_then(Value::as_str).unwrap_or("(missing)");
+    let mt = config
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or("(missing)");
     if mt != "llama" {
-        return Err(Error::Config(format!("moeify: needs a dense `llama` checkpoint, {} has model_type `{mt}`", cfg_path.display())));
+        return Err(Error::Config(format!(
+            "moeify: needs a dense `llama` checkpoint, {} has model_type `{mt}`",
+            cfg_path.display()
+        )));
     }
     if config.get("n_routed_experts").is_some_and(|v| !v.is_null()) {
-        return Err(Error::Config(format!("moeify: {} is already an MoE (it has n_routed_experts)", cfg_path.display())));
+        return Err(Error::Config(format!(
+            "moeify: {} is already an MoE (it has n_routed_experts)",
+            cfg_path.display()
+        )));
     }
-    if config.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false) {
-        return Err(Error::Config("moeify: mlp_bias = true is not supported".into()));
+    if config
+        .get("mlp_bias")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+    {
+        return Err(Error::Config(
+            "moeify: mlp_bias = true is not supported".into(),
+        ));
     }
     if in_dir.canonicalize().ok() == out_dir.canonicalize().ok() {
-        return Err(Error::Config("moeify: the output folder must differ from the input folder".into()));
+        return Err(Error::Config(
+            "moeify: the output folder must differ from the input folder".into(),
+        ));
     }
     let c: LlamaConfig = parse_config(&config, &cfg_path)?;
     if opts.first_k_dense_replace >= c.num_hidden_layers {
@@ -550,11 +685,13 @@ pub fn moeify_checkpoint(in_dir: &Path, out_dir: &Path, opts: &MoeifyOptions) ->
     for name in ckpt.names() {
         let e = ckpt.entry(name)?;
         params_in += e.shape.iter().product::<usize>() as u64;
-        let layer = layer_of(name).filter(|&i| i >= opts.first_k_dense_replace && i < c.num_hidden_layers);
+        let layer =
+            layer_of(name).filter(|&i| i >= opts.first_k_dense_replace && i < c.num_hidden_layers);
         match layer {
             Some(i) if name.starts_with(&format!("model.layers.{i}.mlp.")) => {
                 let p = format!("model.layers.{i}");
-                let known = ["gate_proj", "up_proj", "down_proj"].map(|n| format!("{p}.mlp.{n}.weight"));
+                let known =
+                    ["gate_proj", "up_proj", "down_proj"].map(|n| format!("{p}.mlp.{n}.weight"));
                 if !known.iter().any(|k| k == name) {
                     return Err(Error::Config(format!("moeify: unexpected MLP tensor `{name}` (only dense float gate/up/down_proj are supported)")));
                 }
@@ -562,19 +699,31 @@ pub fn moeify_checkpoint(in_dir: &Path, out_dir: &Path, opts: &MoeifyOptions) ->
                     let dt = ffn_dtype(&ckpt, &known[0], [inter, d])?;
                     for (k, shape) in known.iter().zip([[inter, d], [inter, d], [d, inter]]) {
                         if ffn_dtype(&ckpt, k, shape)? != dt {
-                            return Err(Error::Config(format!("moeify: `{k}` has another dtype than `{}`", known[0])));
+                            return Err(Error::Config(format!(
+                                "moeify: `{k}` has another dtype than `{}`",
+                                known[0]
+                            )));
                         }
                     }
                     plan.extend(moe_tensors(&p, d, dt, &split, opts, i));
                 }
             }
-            _ => plan.push(OutTensor { name: name.to_string(), dtype: e.dtype, shape: e.shape.clone(), source: Source::Copy(name.to_string()) }),
+            _ => plan.push(OutTensor {
+                name: name.to_string(),
+                dtype: e.dtype,
+                shape: e.shape.clone(),
+                source: Source::Copy(name.to_string()),
+            }),
         }
     }
     let moe_layers = c.num_hidden_layers - opts.first_k_dense_replace;
     if replaced_layers.len() != moe_layers {
-        let missing = (opts.first_k_dense_replace..c.num_hidden_layers).find(|i| !replaced_layers.contains(i)).unwrap_or(0);
-        return Err(Error::MissingTensor { name: format!("model.layers.{missing}.mlp.gate_proj.weight") });
+        let missing = (opts.first_k_dense_replace..c.num_hidden_layers)
+            .find(|i| !replaced_layers.contains(i))
+            .unwrap_or(0);
+        return Err(Error::MissingTensor {
+            name: format!("model.layers.{missing}.mlp.gate_proj.weight"),
+        });
     }
 
     // Shards of at most max_shard_bytes (a single tensor may exceed it).
@@ -590,14 +739,23 @@ pub fn moeify_checkpoint(in_dir: &Path, out_dir: &Path, opts: &MoeifyOptions) ->
     }
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
     let n_shards = shards.len();
-    let shard_name = |k: usize| if n_shards == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n_shards:05}.safetensors", k + 1) };
+    let shard_name = |k: usize| {
+        if n_shards == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{n_shards:05}.safetensors", k + 1)
+        }
+    };
     let mut weight_map = BTreeMap::new();
     let (mut bytes_out, mut params_out) = (0u64, 0u64);
     let mut shard_names = Vec::new();
     for (k, shard) in shards.iter().enumerate() {
         let file = shard_name(k);
         let path = out_dir.join(&file);
-        let data = shard.par_iter().map(|t| materialize(&ckpt, t)).collect::<Result<Vec<_>>>()?;
+        let data = shard
+            .par_iter()
+            .map(|t| materialize(&ckpt, t))
+            .collect::<Result<Vec<_>>>()?;
         let views = shard
             .iter()
             .zip(&data)
@@ -605,14 +763,20 @@ pub fn moeify_checkpoint(in_dir: &Path, out_dir: &Path, opts: &MoeifyOptions) ->
                 weight_map.insert(t.name.clone(), file.clone());
                 bytes_out += b.len() as u64;
                 params_out += t.shape.iter().product::<usize>() as u64;
-                TensorView::new(st_dtype(t.dtype, &t.name)?, t.shape.clone(), b).map(|v| (t.name.clone(), v)).map_err(|e| bad_write(&path, e))
+                TensorView::new(st_dtype(t.dtype, &t.name)?, t.shape.clone(), b)
+                    .map(|v| (t.name.clone(), v))
+                    .map_err(|e| bad_write(&path, e))
             })
             .collect::<Result<Vec<_>>>()?;
         let meta = HashMap::from([
             ("format".to_string(), "pt".to_string()),
-            ("moeified_by".to_string(), format!("caracal moeify --variant {}", opts.variant.name())),
+            (
+                "moeified_by".to_string(),
+                format!("caracal moeify --variant {}", opts.variant.name()),
+            ),
         ]);
-        safetensors::serialize_to_file(views, Some(meta), &path).map_err(|e| bad_write(&path, e))?;
+        safetensors::serialize_to_file(views, Some(meta), &path)
+            .map_err(|e| bad_write(&path, e))?;
         shard_names.push(file);
     }
     // Stale weights of an earlier run would be picked up by the loader.
@@ -627,8 +791,13 @@ pub fn moeify_checkpoint(in_dir: &Path, out_dir: &Path, opts: &MoeifyOptions) ->
         write_json(&out_dir.join("model.safetensors.index.json"), &index)?;
     }
 
-    let obj = config.as_object_mut().ok_or_else(|| Error::Config(format!("{} is not a JSON object", cfg_path.display())))?;
-    obj.insert("architectures".into(), json!(["CaracalLlamaMoeForCausalLM"]));
+    let obj = config
+        .as_object_mut()
+        .ok_or_else(|| Error::Config(format!("{} is not a JSON object", cfg_path.display())))?;
+    obj.insert(
+        "architectures".into(),
+        json!(["CaracalLlamaMoeForCausalLM"]),
+    );
     for (k, v) in [
         ("n_routed_experts", json!(keys.n_routed_experts)),
         ("num_experts_per_tok", json!(keys.num_experts_per_tok)),
@@ -677,24 +846,6 @@ pub fn moeify_checkpoint(in_dir: &Path, out_dir: &Path, opts: &MoeifyOptions) ->
     })
 }
 
-/// Copies every regular file of `in_dir` except weights and `config.json`.
-fn copy_side_files(in_dir: &Path, out_dir: &Path) -> Result<Vec<String>> {
-    let mut copied = Vec::new();
-    for entry in std::fs::read_dir(in_dir).map_err(|e| Error::io(in_dir, e))? {
-        let entry = entry.map_err(|e| Error::io(in_dir, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let is_weights = name.ends_with(".safetensors") || name == "model.safetensors.index.json";
-        if is_weights || name == "config.json" || !entry.path().is_file() {
-            continue;
-        }
-        let to = out_dir.join(&name);
-        std::fs::copy(entry.path(), &to).map_err(|e| Error::io(&to, e))?;
-        copied.push(name);
-    }
-    copied.sort();
-    Ok(copied)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -715,17 +866,37 @@ mod tests {
     }
 
     fn opts(variant: Variant, experts: usize) -> MoeifyOptions {
-        MoeifyOptions { experts, variant, ..MoeifyOptions::default() }
+        MoeifyOptions {
+            experts,
+            variant,
+            ..MoeifyOptions::default()
+        }
     }
 
     #[test]
     fn smollm2_geometry_gives_512_shared_and_1024_routed_neurons() {
         let c = plan_split(1536, &opts(Variant::Copy, 8)).unwrap();
-        assert_eq!((c.shared, c.moe_intermediate_size, c.n_shared_experts, c.shared_padding), (512, 1024, 1, 512));
+        assert_eq!(
+            (
+                c.shared,
+                c.moe_intermediate_size,
+                c.n_shared_experts,
+                c.shared_padding
+            ),
+            (512, 1024, 1, 512)
+        );
         assert_eq!(c.routed, vec![512..1536; 8]);
         assert_eq!(c.down_scale, 0.5);
         let s = plan_split(1536, &opts(Variant::Split, 8)).unwrap();
-        assert_eq!((s.shared, s.moe_intermediate_size, s.n_shared_experts, s.shared_padding), (512, 128, 4, 0));
+        assert_eq!(
+            (
+                s.shared,
+                s.moe_intermediate_size,
+                s.n_shared_experts,
+                s.shared_padding
+            ),
+            (512, 128, 4, 0)
+        );
         assert_eq!(s.routed.first(), Some(&(512..640)));
         assert_eq!(s.routed.last(), Some(&(1408..1536)));
         assert_eq!(s.down_scale, 4.0);
@@ -735,13 +906,21 @@ mod tests {
     fn inexact_scalings_are_refused() {
         let mut o = opts(Variant::Copy, 8);
         o.routed_scaling_factor = 2.827;
-        assert!(plan_split(1536, &o).unwrap_err().to_string().contains("power of two"));
-        let err = plan_split(1536, &opts(Variant::Split, 6)).unwrap_err().to_string();
+        assert!(plan_split(1536, &o)
+            .unwrap_err()
+            .to_string()
+            .contains("power of two"));
+        let err = plan_split(1536, &opts(Variant::Split, 6))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("power-of-two expert count"), "{err}");
         let mut o = opts(Variant::Split, 8);
         o.top_k = Some(2);
         let split = plan_split(1536, &o).unwrap();
-        assert!(router_keys(&o, &split).unwrap_err().to_string().contains("top_k = experts"));
+        assert!(router_keys(&o, &split)
+            .unwrap_err()
+            .to_string()
+            .contains("top_k = experts"));
     }
 
     #[test]
@@ -764,8 +943,12 @@ mod tests {
         let prompt: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 512).collect();
         let want = prompt_logits(dense.as_ref(), &prompt).unwrap();
         let src = Checkpoint::open(&dense_dir).unwrap();
-        let down = src.tensor_f32("model.layers.1.mlp.down_proj.weight", &[64, 128]).unwrap();
-        let gate = src.tensor_f32("model.layers.1.mlp.gate_proj.weight", &[128, 64]).unwrap();
+        let down = src
+            .tensor_f32("model.layers.1.mlp.down_proj.weight", &[64, 128])
+            .unwrap();
+        let gate = src
+            .tensor_f32("model.layers.1.mlp.gate_proj.weight", &[128, 64])
+            .unwrap();
         for variant in [Variant::Copy, Variant::Split] {
             let out = temp(variant.name());
             let o = opts(variant, 4);
@@ -775,34 +958,77 @@ mod tests {
             let s = &report.split;
             let ck = Checkpoint::open(&out).unwrap();
             // Layer 0 stays dense and byte-identical.
-            assert_eq!(ck.bytes("model.layers.0.mlp.down_proj.weight").unwrap(), src.bytes("model.layers.0.mlp.down_proj.weight").unwrap());
+            assert_eq!(
+                ck.bytes("model.layers.0.mlp.down_proj.weight").unwrap(),
+                src.bytes("model.layers.0.mlp.down_proj.weight").unwrap()
+            );
             assert!(!ck.has("model.layers.1.mlp.down_proj.weight"));
             let m = s.moe_intermediate_size;
             for (j, r) in s.routed.iter().enumerate() {
-                let ed = ck.tensor_f32(&format!("model.layers.1.mlp.experts.{j}.down_proj.weight"), &[64, m]).unwrap();
-                let eg = ck.tensor_f32(&format!("model.layers.1.mlp.experts.{j}.gate_proj.weight"), &[m, 64]).unwrap();
+                let ed = ck
+                    .tensor_f32(
+                        &format!("model.layers.1.mlp.experts.{j}.down_proj.weight"),
+                        &[64, m],
+                    )
+                    .unwrap();
+                let eg = ck
+                    .tensor_f32(
+                        &format!("model.layers.1.mlp.experts.{j}.gate_proj.weight"),
+                        &[m, 64],
+                    )
+                    .unwrap();
                 for h in 0..64 {
                     for (c, n) in r.clone().enumerate() {
-                        assert_eq!(ed[h * m + c], down[h * 128 + n] * s.down_scale, "expert {j} down[{h}, {n}]");
+                        assert_eq!(
+                            ed[h * m + c],
+                            down[h * 128 + n] * s.down_scale,
+                            "expert {j} down[{h}, {n}]"
+                        );
                     }
                 }
                 assert_eq!(eg[..], gate[r.start * 64..r.end * 64]);
             }
             let width = s.n_shared_experts * m;
-            let sd = ck.tensor_f32("model.layers.1.mlp.shared_experts.down_proj.weight", &[64, width]).unwrap();
+            let sd = ck
+                .tensor_f32(
+                    "model.layers.1.mlp.shared_experts.down_proj.weight",
+                    &[64, width],
+                )
+                .unwrap();
             for h in 0..64 {
-                assert_eq!(sd[h * width..h * width + s.shared], down[h * 128..h * 128 + s.shared]);
-                assert!(sd[h * width + s.shared..(h + 1) * width].iter().all(|&v| v == 0.0), "padding is zero");
+                assert_eq!(
+                    sd[h * width..h * width + s.shared],
+                    down[h * 128..h * 128 + s.shared]
+                );
+                assert!(
+                    sd[h * width + s.shared..(h + 1) * width]
+                        .iter()
+                        .all(|&v| v == 0.0),
+                    "padding is zero"
+                );
             }
-            let router = ck.tensor_f32("model.layers.1.mlp.gate.weight", &[4, 64]).unwrap();
+            let router = ck
+                .tensor_f32("model.layers.1.mlp.gate.weight", &[4, 64])
+                .unwrap();
             assert_eq!(router.iter().all(|&v| v == 0.0), variant == Variant::Split);
 
             let moe = crate::models::load(&out).unwrap();
             assert!(moe.as_moe().is_some());
             let got = prompt_logits(moe.as_ref(), &prompt).unwrap();
-            let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-            eprintln!("tiny-llama {}: max abs logit diff MoE vs dense {diff:e}", variant.name());
-            assert!(diff < LOGIT_TOL, "{}: logits differ by {diff}", variant.name());
+            let diff = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            eprintln!(
+                "tiny-llama {}: max abs logit diff MoE vs dense {diff:e}",
+                variant.name()
+            );
+            assert!(
+                diff < LOGIT_TOL,
+                "{}: logits differ by {diff}",
+                variant.name()
+            );
             let _ = std::fs::remove_dir_all(&out);
         }
     }
@@ -810,11 +1036,15 @@ mod tests {
     #[test]
     fn non_llama_and_already_moe_inputs_are_refused() {
         let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-deepseek-v3");
-        let err = moeify_checkpoint(&fx, &temp("dsv3"), &MoeifyOptions::default()).unwrap_err().to_string();
+        let err = moeify_checkpoint(&fx, &temp("dsv3"), &MoeifyOptions::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("model_type `deepseek_v3`"), "{err}");
         let out = temp("twice");
         moeify_checkpoint(&tiny_llama(), &out, &opts(Variant::Copy, 4)).unwrap();
-        let err = moeify_checkpoint(&out, &temp("twice2"), &opts(Variant::Copy, 4)).unwrap_err().to_string();
+        let err = moeify_checkpoint(&out, &temp("twice2"), &opts(Variant::Copy, 4))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("already an MoE"), "{err}");
         let _ = std::fs::remove_dir_all(&out);
     }

@@ -51,6 +51,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use caracal_kernels::mxfp4::{e2m1_code, floor_log2};
 use caracal_kernels::mxfp4::{BLOCK_BYTES, BLOCK_ELEMS, E2M1_VALUES, E8M0_NAN, ZERO_BLOCK_SCALE};
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
@@ -61,6 +62,7 @@ use serde_json::{json, Value};
 use crate::checkpoint::{Checkpoint, StoredDType};
 use crate::config::read_json;
 use crate::error::{Error, Result};
+use crate::export::{bad_write, copy_side_files, st_dtype, write_json};
 
 /// How a block's shared exponent is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,7 +96,13 @@ pub struct QuantizeOptions {
 
 impl Default for QuantizeOptions {
     fn default() -> Self {
-        QuantizeOptions { experts_only: false, embeddings: false, progress: false, scale_rule: ScaleRule::MinMse, max_shard_bytes: 4 << 30 }
+        QuantizeOptions {
+            experts_only: false,
+            embeddings: false,
+            progress: false,
+            scale_rule: ScaleRule::MinMse,
+            max_shard_bytes: 4 << 30,
+        }
     }
 }
 
@@ -145,7 +153,13 @@ impl std::fmt::Display for QuantizeReport {
             self.bytes_in as f64 / self.bytes_out.max(1) as f64,
             self.relative_rms_error
         )?;
-        writeln!(f, "wrote {} in {:.1} s: {}", self.out_dir.display(), self.elapsed.as_secs_f64(), self.shards.join(", "))?;
+        writeln!(
+            f,
+            "wrote {} in {:.1} s: {}",
+            self.out_dir.display(),
+            self.elapsed.as_secs_f64(),
+            self.shards.join(", ")
+        )?;
         if !self.copied_files.is_empty() {
             writeln!(f, "copied {}", self.copied_files.join(", "))?;
         }
@@ -154,11 +168,20 @@ impl std::fmt::Display for QuantizeReport {
 }
 
 /// Whether weight `name` of `shape` and `dtype` is converted (see the module docs).
-pub fn should_quantize(name: &str, shape: &[usize], dtype: StoredDType, experts_only: bool) -> bool {
-    let Some(base) = name.strip_suffix(".weight") else { return false };
+pub fn should_quantize(
+    name: &str,
+    shape: &[usize],
+    dtype: StoredDType,
+    experts_only: bool,
+) -> bool {
+    let Some(base) = name.strip_suffix(".weight") else {
+        return false;
+    };
     let [rows, cols] = shape else { return false };
-    if !matches!(dtype, StoredDType::F32 | StoredDType::BF16 | StoredDType::F16)
-        || *rows == 0
+    if !matches!(
+        dtype,
+        StoredDType::F32 | StoredDType::BF16 | StoredDType::F16
+    ) || *rows == 0
         || !cols.is_multiple_of(BLOCK_ELEMS)
         || *cols == 0
     {
@@ -173,35 +196,27 @@ pub fn should_quantize(name: &str, shape: &[usize], dtype: StoredDType, experts_
 /// Whether `name` is the token embedding or the LM head (what
 /// [`QuantizeOptions::embeddings`] adds), 2-D float with `cols % 32 == 0`.
 pub fn is_token_table(name: &str, shape: &[usize], dtype: StoredDType) -> bool {
-    let Some(base) = name.strip_suffix(".weight") else { return false };
+    let Some(base) = name.strip_suffix(".weight") else {
+        return false;
+    };
     let table = base == "lm_head" || base.ends_with(".lm_head") || base.ends_with("embed_tokens");
     table
         && matches!(shape, [r, c] if *r > 0 && *c > 0 && c.is_multiple_of(BLOCK_ELEMS))
-        && matches!(dtype, StoredDType::F32 | StoredDType::BF16 | StoredDType::F16)
+        && matches!(
+            dtype,
+            StoredDType::F32 | StoredDType::BF16 | StoredDType::F16
+        )
 }
 
 /// Whether module `base` (a name without `.weight`) is a linear layer that
 /// quantization may touch: not an embedding, `lm_head`, norm or router.
 fn is_linear_module(base: &str) -> bool {
     let last = base.rsplit('.').next().unwrap_or(base);
-    !(base.contains("embed") || base == "lm_head" || base.ends_with(".lm_head") || base.contains("norm") || last == "gate")
-}
-
-/// Nearest E2M1 code to `v` (already divided by the block scale): ties to the
-/// even code, magnitudes above 6 saturate to ±6, the sign is kept.
-fn e2m1_code(v: f32) -> u8 {
-    const MID: [f32; 7] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
-    let m = v.abs();
-    let mut code = 0u8;
-    for (k, &t) in MID.iter().enumerate() {
-        let up = k as u8 + 1;
-        if m > t || (m == t && up.is_multiple_of(2)) {
-            code = up;
-        } else {
-            break;
-        }
-    }
-    code | if v.is_sign_negative() { 8 } else { 0 }
+    !(base.contains("embed")
+        || base == "lm_head"
+        || base.ends_with(".lm_head")
+        || base.contains("norm")
+        || last == "gate")
 }
 
 /// `2^e` as an f32 for `e` in [−149, 127].
@@ -221,7 +236,11 @@ fn encode_with(x: &[f32; BLOCK_ELEMS], exp: i32) -> ([u8; BLOCK_BYTES], f64) {
     let mut err = 0.0f64;
     for (j, o) in out.iter_mut().enumerate() {
         let (a, b) = (x[2 * j], x[2 * j + 1]);
-        let (ca, cb) = if exp == 127 { (e2m1_code(a / scale), e2m1_code(b / scale)) } else { (e2m1_code(a * inv), e2m1_code(b * inv)) };
+        let (ca, cb) = if exp == 127 {
+            (e2m1_code(a / scale), e2m1_code(b / scale))
+        } else {
+            (e2m1_code(a * inv), e2m1_code(b * inv))
+        };
         let da = (E2M1_VALUES[ca as usize] * scale - a) as f64;
         let db = (E2M1_VALUES[cb as usize] * scale - b) as f64;
         err += da * da + db * db;
@@ -231,7 +250,10 @@ fn encode_with(x: &[f32; BLOCK_ELEMS], exp: i32) -> ([u8; BLOCK_BYTES], f64) {
 }
 
 /// Encodes one block of 32 values: packed codes, scale byte, squared error.
-pub fn quantize_block_with(x: &[f32; BLOCK_ELEMS], rule: ScaleRule) -> ([u8; BLOCK_BYTES], u8, f64) {
+pub fn quantize_block_with(
+    x: &[f32; BLOCK_ELEMS],
+    rule: ScaleRule,
+) -> ([u8; BLOCK_BYTES], u8, f64) {
     if x.iter().any(|v| !v.is_finite()) {
         return ([0; BLOCK_BYTES], E8M0_NAN, 0.0);
     }
@@ -255,22 +277,19 @@ pub fn quantize_block_with(x: &[f32; BLOCK_ELEMS], rule: ScaleRule) -> ([u8; BLO
     (best, (best_e + 127) as u8, best_err)
 }
 
-/// `floor(log2(a))` for a finite `a > 0`, exact for subnormals too.
-fn floor_log2(a: f32) -> i32 {
-    let bits = a.to_bits() & 0x7FFF_FFFF;
-    let biased = (bits >> 23) as i32;
-    if biased > 0 {
-        biased - 127
-    } else {
-        31 - bits.leading_zeros() as i32 - 149
-    }
-}
-
 /// Quantizes a row-major `[rows, cols]` matrix (cols a multiple of 32) in
 /// parallel over rows: `(packed [rows, cols/2], scales [rows, cols/32], squared error)`.
-pub fn quantize_matrix(w: &[f32], rows: usize, cols: usize, rule: ScaleRule) -> Result<(Vec<u8>, Vec<u8>, f64)> {
+pub fn quantize_matrix(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    rule: ScaleRule,
+) -> Result<(Vec<u8>, Vec<u8>, f64)> {
     if !cols.is_multiple_of(BLOCK_ELEMS) || w.len() != rows * cols {
-        return Err(Error::Config(format!("cannot quantize [{rows}, {cols}] from {} values (cols must be a multiple of 32)", w.len())));
+        return Err(Error::Config(format!(
+            "cannot quantize [{rows}, {cols}] from {} values (cols must be a multiple of 32)",
+            w.len()
+        )));
     }
     let nb = cols / BLOCK_ELEMS;
     let mut packed = vec![0u8; rows * nb * BLOCK_BYTES];
@@ -282,7 +301,10 @@ pub fn quantize_matrix(w: &[f32], rows: usize, cols: usize, rule: ScaleRule) -> 
         .map(|((p, s), row)| {
             let mut e = 0.0;
             for (k, x) in row.chunks_exact(BLOCK_ELEMS).enumerate() {
-                let (codes, scale, err) = quantize_block_with(x.try_into().expect("chunks_exact yields whole blocks"), rule);
+                let (codes, scale, err) = quantize_block_with(
+                    x.try_into().expect("chunks_exact yields whole blocks"),
+                    rule,
+                );
                 p[k * BLOCK_BYTES..(k + 1) * BLOCK_BYTES].copy_from_slice(&codes);
                 s[k] = scale;
                 e += err;
@@ -307,35 +329,13 @@ struct Planned<'a> {
     data: OutData<'a>,
 }
 
-fn st_dtype(d: StoredDType, name: &str) -> Result<Dtype> {
-    Ok(match d {
-        StoredDType::F32 => Dtype::F32,
-        StoredDType::BF16 => Dtype::BF16,
-        StoredDType::F16 => Dtype::F16,
-        StoredDType::U8 => Dtype::U8,
-        StoredDType::I32 => Dtype::I32,
-        StoredDType::Other("f64") => Dtype::F64,
-        StoredDType::Other("i64") => Dtype::I64,
-        StoredDType::Other("i8") => Dtype::I8,
-        StoredDType::Other("i16") => Dtype::I16,
-        StoredDType::Other("bool") => Dtype::BOOL,
-        other => {
-            return Err(Error::TensorDType {
-                name: name.into(),
-                expected: "a dtype safetensors can write".into(),
-                found: other.name().into(),
-            })
-        }
-    })
-}
-
-fn bad_write(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::BadFile { what: "safetensors output", path: path.to_path_buf(), detail: e.to_string() }
-}
-
 /// The `quantization_config` written into `config.json`.
 pub fn quantization_config(experts_only: bool, ignore: &[String]) -> Value {
-    let targets = if experts_only { json!(["re:.*\\.experts\\..*"]) } else { json!(["Linear"]) };
+    let targets = if experts_only {
+        json!(["re:.*\\.experts\\..*"])
+    } else {
+        json!(["Linear"])
+    };
     json!({
         "quant_method": "compressed-tensors",
         "format": "mxfp4-pack-quantized",
@@ -364,25 +364,42 @@ pub fn quantization_config(experts_only: bool, ignore: &[String]) -> Value {
 
 /// Reads `in_dir`, writes the MXFP4 checkpoint to `out_dir` (created; files
 /// of the same names are replaced). See the module docs for what changes.
-pub fn quantize_checkpoint(in_dir: &Path, out_dir: &Path, opts: &QuantizeOptions) -> Result<QuantizeReport> {
+pub fn quantize_checkpoint(
+    in_dir: &Path,
+    out_dir: &Path,
+    opts: &QuantizeOptions,
+) -> Result<QuantizeReport> {
     let start = Instant::now();
     let _span = tracing::info_span!("quantize_checkpoint", in_dir = %in_dir.display()).entered();
     let cfg_path = in_dir.join("config.json");
     let mut config = read_json(&cfg_path, "config.json")?;
-    if config.get("quantization_config").is_some_and(|q| !q.is_null()) {
-        return Err(Error::Config(format!("{} is already quantized (it has a quantization_config)", cfg_path.display())));
+    if config
+        .get("quantization_config")
+        .is_some_and(|q| !q.is_null())
+    {
+        return Err(Error::Config(format!(
+            "{} is already quantized (it has a quantization_config)",
+            cfg_path.display()
+        )));
     }
     if in_dir.canonicalize().ok() == out_dir.canonicalize().ok() {
-        return Err(Error::Config("the output folder must differ from the input folder".into()));
+        return Err(Error::Config(
+            "the output folder must differ from the input folder".into(),
+        ));
     }
     let ckpt = Checkpoint::open(in_dir)?;
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
 
     // Plan: which tensors become MXFP4, in name order, and their output sizes.
     let names = ckpt.names();
-    let mut ignored = if opts.embeddings && !opts.experts_only { Vec::new() } else { vec!["lm_head".to_string()] };
+    let mut ignored = if opts.embeddings && !opts.experts_only {
+        Vec::new()
+    } else {
+        vec!["lm_head".to_string()]
+    };
     let mut todo: Vec<(&str, bool, u64)> = Vec::with_capacity(names.len());
-    let (mut quantized, mut kept, mut pq, mut pk, mut bytes_in) = (0usize, 0usize, 0u64, 0u64, 0u64);
+    let (mut quantized, mut kept, mut pq, mut pk, mut bytes_in) =
+        (0usize, 0usize, 0u64, 0u64, 0u64);
     for &name in &names {
         let e = ckpt.entry(name)?;
         bytes_in += e.len as u64;
@@ -413,16 +430,21 @@ pub fn quantize_checkpoint(in_dir: &Path, out_dir: &Path, opts: &QuantizeOptions
             shards.push(Vec::new());
             cur = 0;
         }
-        shards.last_mut().expect("starts with one shard").push((name, q));
+        shards
+            .last_mut()
+            .expect("starts with one shard")
+            .push((name, q));
         cur += size;
     }
 
     let pb = if opts.progress {
         let pb = ProgressBar::new(bytes_in);
         pb.set_style(
-            ProgressStyle::with_template("{msg:<12} [{bar:40}] {bytes}/{total_bytes} {elapsed} (eta {eta})")
-                .expect("static progress template is valid")
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "{msg:<12} [{bar:40}] {bytes}/{total_bytes} {elapsed} (eta {eta})",
+            )
+            .expect("static progress template is valid")
+            .progress_chars("=> "),
         );
         pb.set_message("quantizing");
         pb
@@ -430,8 +452,13 @@ pub fn quantize_checkpoint(in_dir: &Path, out_dir: &Path, opts: &QuantizeOptions
         ProgressBar::hidden()
     };
     let n_shards = shards.len();
-    let shard_name =
-        |k: usize| if n_shards == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n_shards:05}.safetensors", k + 1) };
+    let shard_name = |k: usize| {
+        if n_shards == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{n_shards:05}.safetensors", k + 1)
+        }
+    };
     let (mut bytes_out, mut sq_err, mut sq_norm) = (0u64, 0.0f64, 0.0f64);
     let mut weight_map = BTreeMap::new();
     let mut shard_names = Vec::new();
@@ -445,7 +472,9 @@ pub fn quantize_checkpoint(in_dir: &Path, out_dir: &Path, opts: &QuantizeOptions
                 sq_norm += w.par_iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>();
                 let (packed, scales, err) = quantize_matrix(&w, rows, cols, opts.scale_rule)?;
                 sq_err += err;
-                let base = name.strip_suffix(".weight").expect("should_quantize checked the suffix");
+                let base = name
+                    .strip_suffix(".weight")
+                    .expect("should_quantize checked the suffix");
                 planned.push(Planned {
                     name: format!("{base}.weight_packed"),
                     dtype: Dtype::U8,
@@ -479,16 +508,22 @@ pub fn quantize_checkpoint(in_dir: &Path, out_dir: &Path, opts: &QuantizeOptions
                 };
                 weight_map.insert(p.name.clone(), file.clone());
                 bytes_out += bytes.len() as u64;
-                TensorView::new(p.dtype, p.shape.clone(), bytes).map(|v| (p.name.clone(), v)).map_err(|e| bad_write(&path, e))
+                TensorView::new(p.dtype, p.shape.clone(), bytes)
+                    .map(|v| (p.name.clone(), v))
+                    .map_err(|e| bad_write(&path, e))
             })
             .collect::<Result<Vec<_>>>()?;
         let meta = HashMap::from([
             ("format".to_string(), "pt".to_string()),
-            ("quantized_by".to_string(), "caracal quantize --to mxfp4".to_string()),
+            (
+                "quantized_by".to_string(),
+                "caracal quantize --to mxfp4".to_string(),
+            ),
             ("scale_rule".to_string(), format!("{:?}", opts.scale_rule)),
         ]);
         pb.set_message(format!("writing {file}"));
-        safetensors::serialize_to_file(views, Some(meta), &path).map_err(|e| bad_write(&path, e))?;
+        safetensors::serialize_to_file(views, Some(meta), &path)
+            .map_err(|e| bad_write(&path, e))?;
         shard_names.push(file);
     }
     pb.finish_and_clear();
@@ -505,7 +540,10 @@ pub fn quantize_checkpoint(in_dir: &Path, out_dir: &Path, opts: &QuantizeOptions
         write_json(&out_dir.join("model.safetensors.index.json"), &index)?;
     }
     if let Some(obj) = config.as_object_mut() {
-        obj.insert("quantization_config".into(), quantization_config(opts.experts_only, &ignored));
+        obj.insert(
+            "quantization_config".into(),
+            quantization_config(opts.experts_only, &ignored),
+        );
     }
     write_json(&out_dir.join("config.json"), &config)?;
     let copied_files = copy_side_files(in_dir, out_dir)?;
@@ -519,36 +557,16 @@ pub fn quantize_checkpoint(in_dir: &Path, out_dir: &Path, opts: &QuantizeOptions
         params_kept: pk,
         bytes_in,
         bytes_out,
-        relative_rms_error: if sq_norm > 0.0 { (sq_err / sq_norm).sqrt() } else { 0.0 },
+        relative_rms_error: if sq_norm > 0.0 {
+            (sq_err / sq_norm).sqrt()
+        } else {
+            0.0
+        },
         ignored,
         shards: shard_names,
         copied_files,
         elapsed: start.elapsed(),
     })
-}
-
-fn write_json(path: &Path, v: &Value) -> Result<()> {
-    let text = serde_json::to_string_pretty(v).map_err(|e| bad_write(path, e))?;
-    std::fs::write(path, text + "\n").map_err(|e| Error::io(path, e))
-}
-
-/// Copies every regular file of `in_dir` except weights and `config.json`.
-fn copy_side_files(in_dir: &Path, out_dir: &Path) -> Result<Vec<String>> {
-    let mut copied = Vec::new();
-    let entries = std::fs::read_dir(in_dir).map_err(|e| Error::io(in_dir, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::io(in_dir, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let is_weights = name.ends_with(".safetensors") || name == "model.safetensors.index.json";
-        if is_weights || name == "config.json" || !entry.path().is_file() {
-            continue;
-        }
-        let to = out_dir.join(&name);
-        std::fs::copy(entry.path(), &to).map_err(|e| Error::io(&to, e))?;
-        copied.push(name);
-    }
-    copied.sort();
-    Ok(copied)
 }
 
 #[cfg(test)]
@@ -559,7 +577,9 @@ mod tests {
         let mut s = seed;
         (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 0.2
             })
             .collect()
@@ -589,8 +609,15 @@ mod tests {
         assert!(e_mse <= e_ocp, "{e_mse} > {e_ocp}");
         // The reported error is the squared error of the decoded values (f64 sum; rel. tol 1e-9).
         let d = caracal_kernels::mxfp4::dequantize(&p, &s, rows, cols).unwrap();
-        let direct: f64 = d.iter().zip(&w).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-        assert!((direct - e_mse).abs() <= 1e-9 * direct.max(1e-30), "{direct} vs {e_mse}");
+        let direct: f64 = d
+            .iter()
+            .zip(&w)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        assert!(
+            (direct - e_mse).abs() <= 1e-9 * direct.max(1e-30),
+            "{direct} vs {e_mse}"
+        );
     }
 
     #[test]
@@ -612,18 +639,76 @@ mod tests {
     #[test]
     fn selects_linear_weights_and_skips_embeddings_norms_routers() {
         let f = StoredDType::BF16;
-        assert!(should_quantize("model.layers.0.self_attn.q_proj.weight", &[64, 64], f, false));
-        assert!(should_quantize("model.layers.1.block_sparse_moe.experts.3.w2.weight", &[64, 32], f, false));
-        assert!(!should_quantize("model.layers.0.self_attn.q_proj.weight", &[64, 64], f, true));
-        assert!(should_quantize("model.layers.1.mlp.experts.0.down_proj.weight", &[64, 32], f, true));
-        assert!(!should_quantize("model.layers.1.mlp.shared_experts.down_proj.weight", &[64, 32], f, true));
-        assert!(!should_quantize("model.embed_tokens.weight", &[512, 64], f, false));
+        assert!(should_quantize(
+            "model.layers.0.self_attn.q_proj.weight",
+            &[64, 64],
+            f,
+            false
+        ));
+        assert!(should_quantize(
+            "model.layers.1.block_sparse_moe.experts.3.w2.weight",
+            &[64, 32],
+            f,
+            false
+        ));
+        assert!(!should_quantize(
+            "model.layers.0.self_attn.q_proj.weight",
+            &[64, 64],
+            f,
+            true
+        ));
+        assert!(should_quantize(
+            "model.layers.1.mlp.experts.0.down_proj.weight",
+            &[64, 32],
+            f,
+            true
+        ));
+        assert!(!should_quantize(
+            "model.layers.1.mlp.shared_experts.down_proj.weight",
+            &[64, 32],
+            f,
+            true
+        ));
+        assert!(!should_quantize(
+            "model.embed_tokens.weight",
+            &[512, 64],
+            f,
+            false
+        ));
         assert!(!should_quantize("lm_head.weight", &[512, 64], f, false));
-        assert!(!should_quantize("model.layers.1.mlp.gate.weight", &[8, 64], StoredDType::F32, false));
-        assert!(!should_quantize("model.layers.0.input_layernorm.weight", &[64], f, false));
-        assert!(!should_quantize("model.layers.0.self_attn.kv_a_layernorm.weight", &[32], f, false));
-        assert!(!should_quantize("model.layers.0.self_attn.x.weight", &[64, 48], f, false), "48 is not a multiple of 32");
-        assert!(!should_quantize("model.layers.0.self_attn.q_conv1d.weight", &[64, 1, 4], f, false));
-        assert!(!should_quantize("model.layers.0.mlp.up_proj.bias", &[64], f, false));
+        assert!(!should_quantize(
+            "model.layers.1.mlp.gate.weight",
+            &[8, 64],
+            StoredDType::F32,
+            false
+        ));
+        assert!(!should_quantize(
+            "model.layers.0.input_layernorm.weight",
+            &[64],
+            f,
+            false
+        ));
+        assert!(!should_quantize(
+            "model.layers.0.self_attn.kv_a_layernorm.weight",
+            &[32],
+            f,
+            false
+        ));
+        assert!(
+            !should_quantize("model.layers.0.self_attn.x.weight", &[64, 48], f, false),
+            "48 is not a multiple of 32"
+        );
+        assert!(!should_quantize(
+            "model.layers.0.self_attn.q_conv1d.weight",
+            &[64, 1, 4],
+            f,
+            false
+        ));
+        assert!(!should_quantize(
+            "model.layers.0.mlp.up_proj.bias",
+            &[64],
+            f,
+            false
+        ));
     }
 }

@@ -65,12 +65,20 @@ pub enum StopSpec {
 #[error("{0}")]
 pub struct ValidationError(pub String);
 
-fn range(name: &str, v: Option<f32>, lo: f32, hi: f32, lo_open: bool) -> Result<(), ValidationError> {
+fn range(
+    name: &str,
+    v: Option<f32>,
+    lo: f32,
+    hi: f32,
+    lo_open: bool,
+) -> Result<(), ValidationError> {
     if let Some(x) = v {
         let ok = x.is_finite() && (if lo_open { x > lo } else { x >= lo }) && x <= hi;
         if !ok {
             let l = if lo_open { "(" } else { "[" };
-            return Err(ValidationError(format!("`{name}` must be in {l}{lo}, {hi}], got {x}")));
+            return Err(ValidationError(format!(
+                "`{name}` must be in {l}{lo}, {hi}], got {x}"
+            )));
         }
     }
     Ok(())
@@ -86,11 +94,21 @@ impl RequestSpec {
         eos_ids: &[u32],
     ) -> Result<ValidRequest, ValidationError> {
         let prompt = match (&self.prompt, &self.prompt_ids) {
-            (Some(_), Some(_)) => return Err(ValidationError("give either `prompt` or `prompt_ids`, not both".into())),
-            (None, None) => return Err(ValidationError("`prompt` or `prompt_ids` is required".into())),
+            (Some(_), Some(_)) => {
+                return Err(ValidationError(
+                    "give either `prompt` or `prompt_ids`, not both".into(),
+                ))
+            }
+            (None, None) => {
+                return Err(ValidationError(
+                    "`prompt` or `prompt_ids` is required".into(),
+                ))
+            }
             (None, Some(ids)) => ids.clone(),
             (Some(text), None) => tokenizer
-                .ok_or_else(|| ValidationError("the model has no tokenizer; send `prompt_ids`".into()))?
+                .ok_or_else(|| {
+                    ValidationError("the model has no tokenizer; send `prompt_ids`".into())
+                })?
                 .encode(text)
                 .map_err(|e| ValidationError(format!("`prompt` could not be tokenized: {e}")))?,
         };
@@ -98,7 +116,9 @@ impl RequestSpec {
             return Err(ValidationError("the prompt is empty".into()));
         }
         if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab_size) {
-            return Err(ValidationError(format!("`prompt_ids` contains {bad}, outside the vocabulary (size {vocab_size})")));
+            return Err(ValidationError(format!(
+                "`prompt_ids` contains {bad}, outside the vocabulary (size {vocab_size})"
+            )));
         }
         if prompt.len() >= context {
             return Err(ValidationError(format!(
@@ -108,20 +128,42 @@ impl RequestSpec {
         }
         let max_tokens = self.max_tokens.unwrap_or(16);
         if max_tokens == 0 || max_tokens > MAX_OUTPUT_TOKENS {
-            return Err(ValidationError(format!("`max_tokens` must be in [1, {MAX_OUTPUT_TOKENS}], got {max_tokens}")));
+            return Err(ValidationError(format!(
+                "`max_tokens` must be in [1, {MAX_OUTPUT_TOKENS}], got {max_tokens}"
+            )));
         }
         range("temperature", self.temperature, 0.0, 2.0, false)?;
         range("top_p", self.top_p, 0.0, 1.0, true)?;
         range("min_p", self.min_p, 0.0, 1.0, false)?;
-        range("repetition_penalty", self.repetition_penalty, 0.0, 2.0, true)?;
+        range(
+            "repetition_penalty",
+            self.repetition_penalty,
+            0.0,
+            2.0,
+            true,
+        )?;
         range("presence_penalty", self.presence_penalty, -2.0, 2.0, false)?;
-        range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, false)?;
+        range(
+            "frequency_penalty",
+            self.frequency_penalty,
+            -2.0,
+            2.0,
+            false,
+        )?;
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => 0,
             Some(k) if k > 0 => k as usize,
-            Some(k) => return Err(ValidationError(format!("`top_k` must be -1, 0 or positive, got {k}"))),
+            Some(k) => {
+                return Err(ValidationError(format!(
+                    "`top_k` must be -1, 0 or positive, got {k}"
+                )))
+            }
         };
-        let mut ids: Vec<u32> = if self.ignore_eos.unwrap_or(false) { Vec::new() } else { eos_ids.to_vec() };
+        let mut ids: Vec<u32> = if self.ignore_eos.unwrap_or(false) {
+            Vec::new()
+        } else {
+            eos_ids.to_vec()
+        };
         ids.extend(self.stop_token_ids.iter().flatten().copied());
         let strings = match &self.stop {
             None => Vec::new(),
@@ -129,7 +171,9 @@ impl RequestSpec {
             Some(StopSpec::Many(v)) => v.clone(),
         };
         if strings.len() > 16 || strings.iter().any(|s| s.is_empty()) {
-            return Err(ValidationError("`stop` takes at most 16 non-empty strings".into()));
+            return Err(ValidationError(
+                "`stop` takes at most 16 non-empty strings".into(),
+            ));
         }
         Ok(ValidRequest {
             session: self.session.clone(),
@@ -161,13 +205,25 @@ mod tests {
 
     #[test]
     fn errors_name_the_field_and_the_limit() {
-        let e = spec(r#"{"prompt_ids":[1,2],"max_tokens":40000}"#).validate(None, 10, 100, &[]).unwrap_err();
+        let e = spec(r#"{"prompt_ids":[1,2],"max_tokens":40000}"#)
+            .validate(None, 10, 100, &[])
+            .unwrap_err();
         assert_eq!(e.0, "`max_tokens` must be in [1, 32768], got 40000");
-        let e = spec(r#"{"prompt_ids":[1,2],"temperature":3}"#).validate(None, 10, 100, &[]).unwrap_err();
-        assert!(e.0.starts_with("`temperature` must be in [0, 2]"), "{}", e.0);
-        let e = spec(r#"{"prompt_ids":[1,99]}"#).validate(None, 10, 100, &[]).unwrap_err();
+        let e = spec(r#"{"prompt_ids":[1,2],"temperature":3}"#)
+            .validate(None, 10, 100, &[])
+            .unwrap_err();
+        assert!(
+            e.0.starts_with("`temperature` must be in [0, 2]"),
+            "{}",
+            e.0
+        );
+        let e = spec(r#"{"prompt_ids":[1,99]}"#)
+            .validate(None, 10, 100, &[])
+            .unwrap_err();
         assert!(e.0.contains("99") && e.0.contains("vocabulary"), "{}", e.0);
-        let e = spec(r#"{"prompt_ids":[1,2,3]}"#).validate(None, 10, 3, &[]).unwrap_err();
+        let e = spec(r#"{"prompt_ids":[1,2,3]}"#)
+            .validate(None, 10, 3, &[])
+            .unwrap_err();
         assert!(e.0.contains("context length is 3"), "{}", e.0);
     }
 
@@ -178,9 +234,13 @@ mod tests {
 
     #[test]
     fn eos_is_a_stop_id_unless_ignored() {
-        let r = spec(r#"{"prompt_ids":[1],"stop_token_ids":[7]}"#).validate(None, 10, 100, &[2]).unwrap();
+        let r = spec(r#"{"prompt_ids":[1],"stop_token_ids":[7]}"#)
+            .validate(None, 10, 100, &[2])
+            .unwrap();
         assert_eq!(r.stop.ids, vec![2, 7]);
-        let r = spec(r#"{"prompt_ids":[1],"ignore_eos":true,"stop":"END"}"#).validate(None, 10, 100, &[2]).unwrap();
+        let r = spec(r#"{"prompt_ids":[1],"ignore_eos":true,"stop":"END"}"#)
+            .validate(None, 10, 100, &[2])
+            .unwrap();
         assert!(r.stop.ids.is_empty());
         assert_eq!(r.stop.strings, vec!["END".to_string()]);
     }

@@ -121,7 +121,9 @@ impl FromStr for Arch {
     fn from_str(s: &str) -> Result<Arch> {
         match s {
             "kimi_k3" => Ok(Arch::KimiK3),
-            other => Err(Error::Config(format!("synth: unknown --arch `{other}`; supported: kimi_k3"))),
+            other => Err(Error::Config(format!(
+                "synth: unknown --arch `{other}`; supported: kimi_k3"
+            ))),
         }
     }
 }
@@ -138,7 +140,9 @@ impl FromStr for Preset {
     fn from_str(s: &str) -> Result<Preset> {
         match s {
             "tiny" => Ok(Preset::Tiny),
-            other => Err(Error::Config(format!("synth: unknown --preset `{other}`; supported: tiny"))),
+            other => Err(Error::Config(format!(
+                "synth: unknown --preset `{other}`; supported: tiny"
+            ))),
         }
     }
 }
@@ -158,7 +162,12 @@ pub struct SynthOptions {
 
 impl Default for SynthOptions {
     fn default() -> Self {
-        SynthOptions { arch: Arch::KimiK3, preset: Preset::Tiny, seed: DEFAULT_SEED, progress: true }
+        SynthOptions {
+            arch: Arch::KimiK3,
+            preset: Preset::Tiny,
+            seed: DEFAULT_SEED,
+            progress: true,
+        }
     }
 }
 
@@ -273,31 +282,46 @@ impl K3Shape {
 
     /// 1-based full-attention (MLA) layers: every 4th and the last, as K3.
     pub fn full_attn_layers(&self) -> Vec<usize> {
-        (1..=self.num_hidden_layers).filter(|l| l % 4 == 0 || *l == self.num_hidden_layers).collect()
+        (1..=self.num_hidden_layers)
+            .filter(|l| l % 4 == 0 || *l == self.num_hidden_layers)
+            .collect()
     }
 
     /// 1-based KDA layers: the rest.
     pub fn kda_layers(&self) -> Vec<usize> {
         let full = self.full_attn_layers();
-        (1..=self.num_hidden_layers).filter(|l| !full.contains(l)).collect()
+        (1..=self.num_hidden_layers)
+            .filter(|l| !full.contains(l))
+            .collect()
     }
 
     /// Checks the constraints of the layout (MXFP4 needs input widths that
     /// are multiples of 32; KDA's `A_log` buffer holds one entry per head).
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::Config(format!("synth shape: {what}")));
-        for (name, v) in [("routed_expert_hidden_size", self.routed_expert_hidden_size), ("moe_intermediate_size", self.moe_intermediate_size)] {
+        for (name, v) in [
+            ("routed_expert_hidden_size", self.routed_expert_hidden_size),
+            ("moe_intermediate_size", self.moe_intermediate_size),
+        ] {
             if v == 0 || !v.is_multiple_of(mxfp4::BLOCK_ELEMS) {
-                return bad(format!("{name} must be a positive multiple of {}, got {v}", mxfp4::BLOCK_ELEMS));
+                return bad(format!(
+                    "{name} must be a positive multiple of {}, got {v}",
+                    mxfp4::BLOCK_ELEMS
+                ));
             }
         }
         if self.kda_num_heads > self.kda_head_dim {
-            return bad(format!("A_log holds head_dim ({}) entries but there are {} KDA heads", self.kda_head_dim, self.kda_num_heads));
+            return bad(format!(
+                "A_log holds head_dim ({}) entries but there are {} KDA heads",
+                self.kda_head_dim, self.kda_num_heads
+            ));
         }
         if self.num_experts_per_token > self.num_experts || self.num_hidden_layers < 2 {
             return bad("needs top-k ≤ experts and at least 2 layers".into());
         }
-        if !self.vt_qkv_hidden_size.is_multiple_of(self.vt_num_attention_heads)
+        if !self
+            .vt_qkv_hidden_size
+            .is_multiple_of(self.vt_num_attention_heads)
             || !(self.vt_qkv_hidden_size / self.vt_num_attention_heads).is_multiple_of(4)
         {
             return bad("vision head dim must be an integer multiple of 4 (2D RoPE)".into());
@@ -403,11 +427,17 @@ pub fn k3_vision_config(s: &K3Shape) -> Value {
 /// The whole `config.json` of a synthesized K3 (wrapper + text + vision +
 /// MXFP4 `quantization_config` + [`SYNTH_VERSION`]).
 pub fn k3_config(s: &K3Shape, seed: u64) -> Value {
-    let ignore: Vec<String> =
-        ["language_model.lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*\\.mlp\\..*", "re:vision_tower.*", "re:mm_projector.*"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+    let ignore: Vec<String> = [
+        "language_model.lm_head",
+        "re:.*self_attn.*",
+        "re:.*shared_experts.*",
+        "re:.*\\.mlp\\..*",
+        "re:vision_tower.*",
+        "re:mm_projector.*",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     json!({
         "architectures": ["KimiK3ForConditionalGeneration"],
         "model_type": "kimi_k3",
@@ -461,7 +491,9 @@ impl SplitMix64 {
 /// FNV-1a of a tensor name: each tensor's stream depends on the seed and its
 /// name only, so tensors can be drawn in any order and in parallel.
 fn name_hash(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Values drawn per parallel chunk (each chunk has its own stream).
@@ -482,16 +514,19 @@ enum Init {
 fn draw(seed: u64, name: &str, n: usize, init: Init) -> Vec<f32> {
     let base = seed ^ name_hash(name);
     let mut out = vec![0f32; n];
-    out.par_chunks_mut(DRAW_CHUNK).enumerate().for_each(|(c, chunk)| {
-        let mut rng = SplitMix64(base.wrapping_add((c as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)));
-        for v in chunk.iter_mut() {
-            *v = match init {
-                Init::Normal(std) => (rng.normal() * std as f64) as f32,
-                Init::NearOne(std) => (1.0 + rng.normal() * std as f64) as f32,
-                Init::Uniform(lo, hi) => (lo as f64 + rng.uniform() * (hi - lo) as f64) as f32,
-            };
-        }
-    });
+    out.par_chunks_mut(DRAW_CHUNK)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let mut rng =
+                SplitMix64(base.wrapping_add((c as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)));
+            for v in chunk.iter_mut() {
+                *v = match init {
+                    Init::Normal(std) => (rng.normal() * std as f64) as f32,
+                    Init::NearOne(std) => (1.0 + rng.normal() * std as f64) as f32,
+                    Init::Uniform(lo, hi) => (lo as f64 + rng.uniform() * (hi - lo) as f64) as f32,
+                };
+            }
+        });
     out
 }
 
@@ -510,7 +545,9 @@ struct Stored {
 }
 
 fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect()
+    v.iter()
+        .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+        .collect()
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -530,7 +567,14 @@ impl Tensors {
     fn bf16(&mut self, name: &str, shape: &[usize], init: Init) {
         let n = shape.iter().product();
         let data = bf16_bytes(&draw(self.seed, name, n, init));
-        self.map.insert(name.to_string(), Stored { dtype: Dtype::BF16, shape: shape.to_vec(), data });
+        self.map.insert(
+            name.to_string(),
+            Stored {
+                dtype: Dtype::BF16,
+                shape: shape.to_vec(),
+                data,
+            },
+        );
     }
 
     /// A bf16 linear weight `[out, inp]` with `N(0, 1/inp)` entries (unit-scale outputs).
@@ -540,24 +584,55 @@ impl Tensors {
 
     /// An f32 tensor of given values.
     fn f32(&mut self, name: &str, shape: &[usize], values: &[f32]) {
-        self.map.insert(name.to_string(), Stored { dtype: Dtype::F32, shape: shape.to_vec(), data: f32_bytes(values) });
+        self.map.insert(
+            name.to_string(),
+            Stored {
+                dtype: Dtype::F32,
+                shape: shape.to_vec(),
+                data: f32_bytes(values),
+            },
+        );
     }
 }
 
 /// The MXFP4 pair of one routed-expert weight `[rows, cols]`, `N(0, 1/cols)`
 /// before quantisation.
 fn mxfp4_weight(seed: u64, base: &str, rows: usize, cols: usize) -> Result<[(String, Stored); 2]> {
-    let w = draw(seed, &format!("{base}.weight"), rows * cols, Init::Normal(1.0 / (cols as f32).sqrt()));
+    let w = draw(
+        seed,
+        &format!("{base}.weight"),
+        rows * cols,
+        Init::Normal(1.0 / (cols as f32).sqrt()),
+    );
     let (packed, scales) = mxfp4::quantize(&w, rows, cols)?;
     Ok([
-        (format!("{base}.weight_packed"), Stored { dtype: Dtype::U8, shape: vec![rows, cols / 2], data: packed }),
-        (format!("{base}.weight_scale"), Stored { dtype: Dtype::U8, shape: vec![rows, cols / mxfp4::BLOCK_ELEMS], data: scales }),
+        (
+            format!("{base}.weight_packed"),
+            Stored {
+                dtype: Dtype::U8,
+                shape: vec![rows, cols / 2],
+                data: packed,
+            },
+        ),
+        (
+            format!("{base}.weight_scale"),
+            Stored {
+                dtype: Dtype::U8,
+                shape: vec![rows, cols / mxfp4::BLOCK_ELEMS],
+                data: scales,
+            },
+        ),
     ])
 }
 
 /// Attention tensors of one KDA layer (§1.6, K3 variant).
 fn kda_layer(t: &mut Tensors, p: &str, s: &K3Shape) {
-    let (d, h, hd, k) = (s.hidden_size, s.kda_num_heads, s.kda_head_dim, s.short_conv_kernel_size);
+    let (d, h, hd, k) = (
+        s.hidden_size,
+        s.kda_num_heads,
+        s.kda_head_dim,
+        s.short_conv_kernel_size,
+    );
     let w = h * hd;
     for proj in ["q_proj", "k_proj", "v_proj"] {
         t.linear(&format!("{p}.self_attn.{proj}.weight"), w, d);
@@ -565,17 +640,35 @@ fn kda_layer(t: &mut Tensors, p: &str, s: &K3Shape) {
     for conv in ["q_conv1d", "k_conv1d", "v_conv1d"] {
         // Depthwise Conv1d, PyTorch's default bound 1/sqrt(fan_in = kernel).
         let b = 1.0 / (k as f32).sqrt();
-        t.bf16(&format!("{p}.self_attn.{conv}.weight"), &[w, 1, k], Init::Uniform(-b, b));
+        t.bf16(
+            &format!("{p}.self_attn.{conv}.weight"),
+            &[w, 1, k],
+            Init::Uniform(-b, b),
+        );
     }
     t.linear(&format!("{p}.self_attn.f_a_proj.weight"), hd, d);
     t.linear(&format!("{p}.self_attn.f_b_proj.weight"), w, hd);
     // dt_bias = softplus⁻¹(dt), dt log-uniform in [1e-3, 1e-1] (FLA's init); f32 as published.
-    let dt = draw(t.seed, &format!("{p}.self_attn.dt_bias"), w, Init::Uniform((1e-3f32).ln(), (1e-1f32).ln()));
-    let dt_bias: Vec<f32> = dt.iter().map(|x| x.exp()).map(|dt| dt + (-(-dt).exp_m1()).ln()).collect();
+    let dt = draw(
+        t.seed,
+        &format!("{p}.self_attn.dt_bias"),
+        w,
+        Init::Uniform((1e-3f32).ln(), (1e-1f32).ln()),
+    );
+    let dt_bias: Vec<f32> = dt
+        .iter()
+        .map(|x| x.exp())
+        .map(|dt| dt + (-(-dt).exp_m1()).ln())
+        .collect();
     t.f32(&format!("{p}.self_attn.dt_bias"), &[w], &dt_bias);
     // A_log = ln(A), A uniform in [1, 16] (FLA's init), f32. [uncertain] K3's
     // [head_dim] buffer with the first num_heads entries used (TS); the rest zero.
-    let a = draw(t.seed, &format!("{p}.self_attn.A_log"), h, Init::Uniform(1.0, 16.0));
+    let a = draw(
+        t.seed,
+        &format!("{p}.self_attn.A_log"),
+        h,
+        Init::Uniform(1.0, 16.0),
+    );
     let mut a_log = vec![0f32; hd];
     for (slot, a) in a_log.iter_mut().zip(&a) {
         *slot = a.ln();
@@ -584,7 +677,11 @@ fn kda_layer(t: &mut Tensors, p: &str, s: &K3Shape) {
     t.linear(&format!("{p}.self_attn.b_proj.weight"), h, d);
     // K3: full-rank output gate instead of g_a_proj/g_b_proj.
     t.linear(&format!("{p}.self_attn.g_proj.weight"), w, d);
-    t.bf16(&format!("{p}.self_attn.o_norm.weight"), &[hd], Init::NearOne(0.1));
+    t.bf16(
+        &format!("{p}.self_attn.o_norm.weight"),
+        &[hd],
+        Init::NearOne(0.1),
+    );
     t.linear(&format!("{p}.self_attn.o_proj.weight"), d, w);
 }
 
@@ -594,11 +691,31 @@ fn mla_layer(t: &mut Tensors, p: &str, s: &K3Shape) {
     let h = s.num_attention_heads;
     let qk = s.qk_nope_head_dim + s.qk_rope_head_dim;
     t.linear(&format!("{p}.self_attn.q_a_proj.weight"), s.q_lora_rank, d);
-    t.bf16(&format!("{p}.self_attn.q_a_layernorm.weight"), &[s.q_lora_rank], Init::NearOne(0.1));
-    t.linear(&format!("{p}.self_attn.q_b_proj.weight"), h * qk, s.q_lora_rank);
-    t.linear(&format!("{p}.self_attn.kv_a_proj_with_mqa.weight"), s.kv_lora_rank + s.qk_rope_head_dim, d);
-    t.bf16(&format!("{p}.self_attn.kv_a_layernorm.weight"), &[s.kv_lora_rank], Init::NearOne(0.1));
-    t.linear(&format!("{p}.self_attn.kv_b_proj.weight"), h * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank);
+    t.bf16(
+        &format!("{p}.self_attn.q_a_layernorm.weight"),
+        &[s.q_lora_rank],
+        Init::NearOne(0.1),
+    );
+    t.linear(
+        &format!("{p}.self_attn.q_b_proj.weight"),
+        h * qk,
+        s.q_lora_rank,
+    );
+    t.linear(
+        &format!("{p}.self_attn.kv_a_proj_with_mqa.weight"),
+        s.kv_lora_rank + s.qk_rope_head_dim,
+        d,
+    );
+    t.bf16(
+        &format!("{p}.self_attn.kv_a_layernorm.weight"),
+        &[s.kv_lora_rank],
+        Init::NearOne(0.1),
+    );
+    t.linear(
+        &format!("{p}.self_attn.kv_b_proj.weight"),
+        h * (s.qk_nope_head_dim + s.v_head_dim),
+        s.kv_lora_rank,
+    );
     t.linear(&format!("{p}.self_attn.o_proj.weight"), d, h * s.v_head_dim);
     // [uncertain] name of K3's MLA output gate (llama.cpp's K3 converter: `self_attn.g_proj`).
     t.linear(&format!("{p}.self_attn.g_proj.weight"), h * s.v_head_dim, d);
@@ -607,21 +724,45 @@ fn mla_layer(t: &mut Tensors, p: &str, s: &K3Shape) {
 /// Everything but the routed experts of the text model.
 fn text_trunk(t: &mut Tensors, s: &K3Shape) {
     let d = s.hidden_size;
-    t.bf16("language_model.model.embed_tokens.weight", &[s.vocab_size, d], Init::Normal(1.0));
+    t.bf16(
+        "language_model.model.embed_tokens.weight",
+        &[s.vocab_size, d],
+        Init::Normal(1.0),
+    );
     t.linear("language_model.lm_head.weight", s.vocab_size, d);
     t.bf16("language_model.model.norm.weight", &[d], Init::NearOne(0.1));
     // [uncertain] prefix of the model-level AttnRes pair (`language_model.model.`).
-    t.bf16("language_model.model.output_attn_res_norm.weight", &[d], Init::NearOne(0.1));
-    t.bf16("language_model.model.output_attn_res_proj.weight", &[1, d], Init::Normal(1.0 / (d as f32).sqrt()));
+    t.bf16(
+        "language_model.model.output_attn_res_norm.weight",
+        &[d],
+        Init::NearOne(0.1),
+    );
+    t.bf16(
+        "language_model.model.output_attn_res_proj.weight",
+        &[1, d],
+        Init::Normal(1.0 / (d as f32).sqrt()),
+    );
     let full = s.full_attn_layers();
     for i in 0..s.num_hidden_layers {
         let p = format!("language_model.model.layers.{i}");
-        t.bf16(&format!("{p}.input_layernorm.weight"), &[d], Init::NearOne(0.1));
-        t.bf16(&format!("{p}.post_attention_layernorm.weight"), &[d], Init::NearOne(0.1));
+        t.bf16(
+            &format!("{p}.input_layernorm.weight"),
+            &[d],
+            Init::NearOne(0.1),
+        );
+        t.bf16(
+            &format!("{p}.post_attention_layernorm.weight"),
+            &[d],
+            Init::NearOne(0.1),
+        );
         // Block AttnRes pseudo-queries (§2.3).
         for res in ["self_attention_res", "mlp_res"] {
             t.bf16(&format!("{p}.{res}_norm.weight"), &[d], Init::NearOne(0.1));
-            t.bf16(&format!("{p}.{res}_proj.weight"), &[1, d], Init::Normal(1.0 / (d as f32).sqrt()));
+            t.bf16(
+                &format!("{p}.{res}_proj.weight"),
+                &[1, d],
+                Init::Normal(1.0 / (d as f32).sqrt()),
+            );
         }
         if full.contains(&(i + 1)) {
             mla_layer(t, &p, s);
@@ -636,11 +777,24 @@ fn text_trunk(t: &mut Tensors, s: &K3Shape) {
         } else {
             let m = format!("{p}.block_sparse_moe");
             t.linear(&format!("{m}.gate.weight"), s.num_experts, d);
-            let bias = draw(t.seed, &format!("{m}.gate.e_score_correction_bias"), s.num_experts, Init::Normal(0.01));
-            t.f32(&format!("{m}.gate.e_score_correction_bias"), &[s.num_experts], &bias);
+            let bias = draw(
+                t.seed,
+                &format!("{m}.gate.e_score_correction_bias"),
+                s.num_experts,
+                Init::Normal(0.01),
+            );
+            t.f32(
+                &format!("{m}.gate.e_score_correction_bias"),
+                &[s.num_experts],
+                &bias,
+            );
             let l = s.routed_expert_hidden_size;
             t.linear(&format!("{m}.routed_expert_down_proj.weight"), l, d);
-            t.bf16(&format!("{m}.routed_expert_norm.weight"), &[l], Init::NearOne(0.1));
+            t.bf16(
+                &format!("{m}.routed_expert_norm.weight"),
+                &[l],
+                Init::NearOne(0.1),
+            );
             t.linear(&format!("{m}.routed_expert_up_proj.weight"), d, l);
             let shared = s.moe_intermediate_size * s.num_shared_experts;
             t.linear(&format!("{m}.shared_experts.gate_proj.weight"), shared, d);
@@ -671,7 +825,8 @@ fn routed_experts(t: &mut Tensors, s: &K3Shape, progress: bool) -> Result<()> {
         let made: Vec<Result<Vec<(String, Stored)>>> = (0..s.num_experts)
             .into_par_iter()
             .map(|e| {
-                let base = format!("language_model.model.layers.{layer}.block_sparse_moe.experts.{e}");
+                let base =
+                    format!("language_model.model.layers.{layer}.block_sparse_moe.experts.{e}");
                 // w1 = gate, w3 = up: [I, latent]; w2 = down: [latent, I].
                 let mut out = Vec::with_capacity(6);
                 out.extend(mxfp4_weight(seed, &format!("{base}.w1"), i, l)?);
@@ -692,9 +847,22 @@ fn routed_experts(t: &mut Tensors, s: &K3Shape, progress: bool) -> Result<()> {
 /// MoonViT3d tower and patchmergerv2 projector (§3.2; K3: RMSNorm, no biases).
 /// **[uncertain]** K3 names: K2.5's without biases, plus `mm_projector.post_norm`.
 fn vision(t: &mut Tensors, s: &K3Shape) {
-    let (d, q, m, g) = (s.vt_hidden_size, s.vt_qkv_hidden_size, s.vt_intermediate_size, s.vt_pos_emb_size);
-    t.bf16("vision_tower.patch_embed.proj.weight", &[d, 3, 14, 14], Init::Normal(1.0 / (3.0f32 * 14.0 * 14.0).sqrt()));
-    t.bf16("vision_tower.patch_embed.pos_emb.weight", &[g, g, d], Init::Normal(0.02));
+    let (d, q, m, g) = (
+        s.vt_hidden_size,
+        s.vt_qkv_hidden_size,
+        s.vt_intermediate_size,
+        s.vt_pos_emb_size,
+    );
+    t.bf16(
+        "vision_tower.patch_embed.proj.weight",
+        &[d, 3, 14, 14],
+        Init::Normal(1.0 / (3.0f32 * 14.0 * 14.0).sqrt()),
+    );
+    t.bf16(
+        "vision_tower.patch_embed.pos_emb.weight",
+        &[g, g, d],
+        Init::Normal(0.02),
+    );
     for b in 0..s.vt_num_hidden_layers {
         let p = format!("vision_tower.encoder.blocks.{b}");
         t.bf16(&format!("{p}.norm0.weight"), &[d], Init::NearOne(0.1));
@@ -704,10 +872,18 @@ fn vision(t: &mut Tensors, s: &K3Shape) {
         t.linear(&format!("{p}.mlp.fc0.weight"), m, d);
         t.linear(&format!("{p}.mlp.fc1.weight"), d, m);
     }
-    t.bf16("vision_tower.encoder.final_layernorm.weight", &[d], Init::NearOne(0.1));
+    t.bf16(
+        "vision_tower.encoder.final_layernorm.weight",
+        &[d],
+        Init::NearOne(0.1),
+    );
     t.linear("mm_projector.proj.0.weight", 4 * d, 4 * d);
     t.linear("mm_projector.proj.2.weight", s.hidden_size, 4 * d);
-    t.bf16("mm_projector.post_norm.weight", &[s.hidden_size], Init::NearOne(0.1));
+    t.bf16(
+        "mm_projector.post_norm.weight",
+        &[s.hidden_size],
+        Init::NearOne(0.1),
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -718,11 +894,19 @@ fn vision(t: &mut Tensors, s: &K3Shape) {
 /// as a tiktoken rank file: `base64(bytes) rank` per line, by rank.
 pub fn truncated_o200k_rank_file(n: u32) -> Result<String> {
     use base64::Engine;
-    let bpe = tiktoken_rs::o200k_base().map_err(|e| Error::Tokenizer(format!("loading tiktoken-rs o200k_base: {e}")))?;
+    let bpe = tiktoken_rs::o200k_base()
+        .map_err(|e| Error::Tokenizer(format!("loading tiktoken-rs o200k_base: {e}")))?;
     let mut out = String::with_capacity(n as usize * 16);
     for rank in 0..n {
-        let bytes = bpe.decode_bytes(&[rank]).map_err(|e| Error::Tokenizer(format!("o200k_base has no rank {rank}: {e}")))?;
-        writeln!(out, "{} {rank}", base64::engine::general_purpose::STANDARD.encode(&bytes)).expect("writing to a String cannot fail");
+        let bytes = bpe
+            .decode_bytes(&[rank])
+            .map_err(|e| Error::Tokenizer(format!("o200k_base has no rank {rank}: {e}")))?;
+        writeln!(
+            out,
+            "{} {rank}",
+            base64::engine::general_purpose::STANDARD.encode(&bytes)
+        )
+        .expect("writing to a String cannot fail");
     }
     Ok(out)
 }
@@ -757,15 +941,27 @@ pub fn k3_tokenizer_config() -> Value {
 // ---------------------------------------------------------------------------
 
 fn write_json(path: &Path, v: &Value) -> Result<()> {
-    let text = serde_json::to_string_pretty(v).map_err(|e| Error::BadFile { what: "json output", path: path.into(), detail: e.to_string() })?;
+    let text = serde_json::to_string_pretty(v).map_err(|e| Error::BadFile {
+        what: "json output",
+        path: path.into(),
+        detail: e.to_string(),
+    })?;
     std::fs::write(path, text + "\n").map_err(|e| Error::io(path, e))
 }
 
 fn write_shard(path: &Path, tensors: &[(&String, &Stored)]) -> Result<()> {
-    let bad = |e: safetensors::SafeTensorError| Error::BadFile { what: "safetensors output", path: path.into(), detail: e.to_string() };
+    let bad = |e: safetensors::SafeTensorError| Error::BadFile {
+        what: "safetensors output",
+        path: path.into(),
+        detail: e.to_string(),
+    };
     let views = tensors
         .iter()
-        .map(|(name, t)| TensorView::new(t.dtype, t.shape.clone(), &t.data).map(|v| (name.as_str(), v)).map_err(bad))
+        .map(|(name, t)| {
+            TensorView::new(t.dtype, t.shape.clone(), &t.data)
+                .map(|v| (name.as_str(), v))
+                .map_err(bad)
+        })
         .collect::<Result<Vec<_>>>()?;
     // One metadata key: a HashMap of several would be written in random order.
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
@@ -781,33 +977,55 @@ pub fn synthesize(out_dir: &Path, opts: &SynthOptions) -> Result<SynthSummary> {
     if out_dir.exists() {
         let mut entries = std::fs::read_dir(out_dir).map_err(|e| Error::io(out_dir, e))?;
         if entries.next().is_some() {
-            return Err(Error::Config(format!("{} is not empty; synth writes into a new or empty folder only", out_dir.display())));
+            return Err(Error::Config(format!(
+                "{} is not empty; synth writes into a new or empty folder only",
+                out_dir.display()
+            )));
         }
     }
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
 
-    let mut t = Tensors { seed: opts.seed, map: BTreeMap::new() };
+    let mut t = Tensors {
+        seed: opts.seed,
+        map: BTreeMap::new(),
+    };
     text_trunk(&mut t, &shape);
     vision(&mut t, &shape);
     routed_experts(&mut t, &shape, opts.progress)?;
 
-    let shard_names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
+    let shard_names = [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ];
     let is_expert = |name: &str| name.contains(".block_sparse_moe.experts.");
     let mut weight_map = BTreeMap::new();
     let mut total = 0u64;
     let mut parameters = 0u64;
     for (k, file) in shard_names.iter().enumerate() {
-        let part: Vec<(&String, &Stored)> = t.map.iter().filter(|(n, _)| is_expert(n) == (k == 1)).collect();
+        let part: Vec<(&String, &Stored)> = t
+            .map
+            .iter()
+            .filter(|(n, _)| is_expert(n) == (k == 1))
+            .collect();
         for (name, st) in &part {
             weight_map.insert(name.to_string(), file.to_string());
             total += st.data.len() as u64;
             let elems: u64 = st.shape.iter().map(|&x| x as u64).product();
             // A packed MXFP4 byte holds two weights; scales are not parameters.
-            parameters += if name.ends_with(".weight_packed") { 2 * elems } else if name.ends_with(".weight_scale") { 0 } else { elems };
+            parameters += if name.ends_with(".weight_packed") {
+                2 * elems
+            } else if name.ends_with(".weight_scale") {
+                0
+            } else {
+                elems
+            };
         }
         write_shard(&out_dir.join(file), &part)?;
     }
-    write_json(&out_dir.join("model.safetensors.index.json"), &json!({"metadata": {"total_size": total}, "weight_map": weight_map}))?;
+    write_json(
+        &out_dir.join("model.safetensors.index.json"),
+        &json!({"metadata": {"total_size": total}, "weight_map": weight_map}),
+    )?;
     write_json(&out_dir.join("config.json"), &k3_config(&shape, opts.seed))?;
     write_json(
         &out_dir.join("generation_config.json"),
@@ -816,17 +1034,28 @@ pub fn synthesize(out_dir: &Path, opts: &SynthOptions) -> Result<SynthSummary> {
     let ranks = truncated_o200k_rank_file(KIMI_NUM_RANKS)?;
     let rank_path = out_dir.join("tiktoken.model");
     std::fs::write(&rank_path, ranks).map_err(|e| Error::io(&rank_path, e))?;
-    write_json(&out_dir.join("tokenizer_config.json"), &k3_tokenizer_config())?;
+    write_json(
+        &out_dir.join("tokenizer_config.json"),
+        &k3_tokenizer_config(),
+    )?;
 
     let mut files = Vec::new();
     for entry in std::fs::read_dir(out_dir).map_err(|e| Error::io(out_dir, e))? {
         let entry = entry.map_err(|e| Error::io(out_dir, e))?;
-        let len = entry.metadata().map_err(|e| Error::io(entry.path(), e))?.len();
+        let len = entry
+            .metadata()
+            .map_err(|e| Error::io(entry.path(), e))?
+            .len();
         files.push((entry.file_name().to_string_lossy().into_owned(), len));
     }
     files.sort();
     let bytes = files.iter().map(|(_, n)| n).sum();
-    Ok(SynthSummary { files, tensors: t.map.len(), parameters, bytes })
+    Ok(SynthSummary {
+        files,
+        tensors: t.map.len(),
+        parameters,
+        bytes,
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -840,22 +1069,42 @@ pub fn cache_root() -> Result<PathBuf> {
     }
     match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
         Some(home) => Ok(PathBuf::from(home).join(".cache").join("caracal")),
-        None => Err(Error::Config("cannot place the default model: set CARACAL_CACHE or HOME, or pass --model".into())),
+        None => Err(Error::Config(
+            "cannot place the default model: set CARACAL_CACHE or HOME, or pass --model".into(),
+        )),
     }
 }
 
 /// Whether `dir` holds a complete synthesized model of this [`SYNTH_VERSION`].
 pub fn is_current_synth(dir: &Path) -> bool {
-    let Ok(config) = read_json(&dir.join("config.json"), "config.json") else { return false };
+    let Ok(config) = read_json(&dir.join("config.json"), "config.json") else {
+        return false;
+    };
     if config.get("synth_version").and_then(Value::as_u64) != Some(SYNTH_VERSION as u64) {
         return false;
     }
-    let Ok(index) = read_json(&dir.join("model.safetensors.index.json"), "model.safetensors.index.json") else { return false };
+    let Ok(index) = read_json(
+        &dir.join("model.safetensors.index.json"),
+        "model.safetensors.index.json",
+    ) else {
+        return false;
+    };
     let shards_present = index
         .get("weight_map")
         .and_then(Value::as_object)
-        .is_some_and(|m| m.values().filter_map(Value::as_str).all(|f| dir.join(f).is_file()));
-    shards_present && ["tiktoken.model", "tokenizer_config.json", "generation_config.json"].iter().all(|f| dir.join(f).is_file())
+        .is_some_and(|m| {
+            m.values()
+                .filter_map(Value::as_str)
+                .all(|f| dir.join(f).is_file())
+        });
+    shards_present
+        && [
+            "tiktoken.model",
+            "tokenizer_config.json",
+            "generation_config.json",
+        ]
+        .iter()
+        .all(|f| dir.join(f).is_file())
 }
 
 /// Makes sure `dir` holds the synthesized model of `opts`: returns `false`
@@ -866,10 +1115,19 @@ pub fn ensure_synth_model(dir: &Path, opts: &SynthOptions) -> Result<bool> {
     if is_current_synth(dir) {
         return Ok(false);
     }
-    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| DEFAULT_MODEL_NAME.into());
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| DEFAULT_MODEL_NAME.into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
     let tmp = parent.join(format!(".{name}.tmp-{}-{nanos}", std::process::id()));
     tracing::info!(dir = %dir.display(), "synthesizing the default model");
     if let Err(e) = synthesize(&tmp, opts) {
@@ -911,25 +1169,41 @@ mod tests {
         let s = K3Shape::tiny();
         assert_eq!(s.full_attn_layers(), vec![4, 7]);
         assert_eq!(s.kda_layers(), vec![1, 2, 3, 5, 6]);
-        let k3 = K3Shape { num_hidden_layers: 93, ..K3Shape::tiny() };
+        let k3 = K3Shape {
+            num_hidden_layers: 93,
+            ..K3Shape::tiny()
+        };
         let full = k3.full_attn_layers();
         assert_eq!(full.len(), 24, "K3 has 24 MLA layers of 93");
         assert_eq!((full[0], full[22], full[23]), (4, 92, 93));
-        assert!(s.num_hidden_layers.div_ceil(s.attn_res_block_size) >= 3, "several AttnRes blocks");
+        assert!(
+            s.num_hidden_layers.div_ceil(s.attn_res_block_size) >= 3,
+            "several AttnRes blocks"
+        );
     }
 
     #[test]
     fn draws_do_not_depend_on_thread_count() {
         let n = 3 * DRAW_CHUNK + 17;
         let a = draw(7, "x", n, Init::Normal(1.0));
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("a one-thread pool");
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("a one-thread pool");
         let b = pool.install(|| draw(7, "x", n, Init::Normal(1.0)));
         assert_eq!(a, b);
-        assert_ne!(a, draw(7, "y", n, Init::Normal(1.0)), "the name changes the stream");
+        assert_ne!(
+            a,
+            draw(7, "y", n, Init::Normal(1.0)),
+            "the name changes the stream"
+        );
         // Moments of N(0, 1) over ~200k draws: |mean| < 0.01, |var − 1| < 0.02.
         let mean = a.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
         let var = a.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64;
-        assert!(mean.abs() < 0.01 && (var - 1.0).abs() < 0.02, "mean {mean}, var {var}");
+        assert!(
+            mean.abs() < 0.01 && (var - 1.0).abs() < 0.02,
+            "mean {mean}, var {var}"
+        );
     }
 
     #[test]
@@ -945,12 +1219,25 @@ mod tests {
         let mut ranks: HashMap<Vec<u8>, u32> = HashMap::new();
         for (i, line) in text.lines().enumerate() {
             let (b64, r) = line.split_once(' ').expect("`base64 rank` lines");
-            let bytes = base64::engine::general_purpose::STANDARD.decode(b64).expect("valid base64");
-            assert_eq!(r.parse::<usize>().expect("integer rank"), i, "ranks are dense and in order");
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .expect("valid base64");
+            assert_eq!(
+                r.parse::<usize>().expect("integer rank"),
+                i,
+                "ranks are dense and in order"
+            );
             ranks.insert(bytes, i as u32);
         }
-        assert_eq!(ranks.len(), KIMI_NUM_RANKS as usize, "no token appears twice");
-        assert!((0..=255u8).all(|b| ranks.contains_key(&vec![b])), "all 256 single bytes are kept");
+        assert_eq!(
+            ranks.len(),
+            KIMI_NUM_RANKS as usize,
+            "no token appears twice"
+        );
+        assert!(
+            (0..=255u8).all(|b| ranks.contains_key(&vec![b])),
+            "all 256 single bytes are kept"
+        );
         // Every multi-byte token is the merge of two lower-ranked kept tokens,
         // so BPE over the truncated list can produce each of them.
         for (bytes, &rank) in &ranks {
@@ -969,18 +1256,30 @@ mod tests {
         s.validate().expect("tiny is valid");
         let c = k3_config(&s, 1);
         assert_eq!(c["model_type"], "kimi_k3");
-        assert_eq!(c["text_config"]["linear_attn_config"]["gate_lower_bound"], -5.0);
+        assert_eq!(
+            c["text_config"]["linear_attn_config"]["gate_lower_bound"],
+            -5.0
+        );
         assert_eq!(c["text_config"]["num_experts"], 896);
         assert_eq!(c["synth_version"], SYNTH_VERSION);
-        let bad = K3Shape { routed_expert_hidden_size: 48, ..K3Shape::tiny() };
+        let bad = K3Shape {
+            routed_expert_hidden_size: 48,
+            ..K3Shape::tiny()
+        };
         assert!(bad.validate().is_err(), "MXFP4 needs multiples of 32");
     }
 
     #[test]
     fn unknown_arch_and_preset_are_named_in_the_error() {
-        let e = "llama".parse::<Arch>().expect_err("not supported").to_string();
+        let e = "llama"
+            .parse::<Arch>()
+            .expect_err("not supported")
+            .to_string();
         assert!(e.contains("llama") && e.contains("kimi_k3"), "{e}");
-        let e = "huge".parse::<Preset>().expect_err("not supported").to_string();
+        let e = "huge"
+            .parse::<Preset>()
+            .expect_err("not supported")
+            .to_string();
         assert!(e.contains("huge") && e.contains("tiny"), "{e}");
     }
 }

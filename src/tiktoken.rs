@@ -146,7 +146,9 @@ pub fn parse_rank_file(text: &str, path: &Path) -> Result<FxHashMap<Vec<u8>, u32
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(token)
             .map_err(|e| bad(i + 1, format!("bad base64 `{token}`: {e}")))?;
-        let rank: u32 = rank.parse().map_err(|e| bad(i + 1, format!("bad rank `{rank}`: {e}")))?;
+        let rank: u32 = rank
+            .parse()
+            .map_err(|e| bad(i + 1, format!("bad rank `{rank}`: {e}")))?;
         if ranks.insert(bytes, rank).is_some() {
             return Err(bad(i + 1, format!("token `{token}` listed twice")));
         }
@@ -156,14 +158,22 @@ pub fn parse_rank_file(text: &str, path: &Path) -> Result<FxHashMap<Vec<u8>, u32
 
 /// `added_tokens_decoder` of a `tokenizer_config.json`: `(id, content)` pairs.
 fn added_tokens(config: &Value, path: &Path) -> Result<Vec<(u32, String)>> {
-    let bad = |detail: String| Error::BadFile { what: "tokenizer_config.json", path: path.into(), detail };
+    let bad = |detail: String| Error::BadFile {
+        what: "tokenizer_config.json",
+        path: path.into(),
+        detail,
+    };
     let Some(map) = config.get("added_tokens_decoder") else {
         return Ok(Vec::new());
     };
-    let map = map.as_object().ok_or_else(|| bad("`added_tokens_decoder` is not an object".into()))?;
+    let map = map
+        .as_object()
+        .ok_or_else(|| bad("`added_tokens_decoder` is not an object".into()))?;
     let mut out = Vec::with_capacity(map.len());
     for (id, entry) in map {
-        let id: u32 = id.parse().map_err(|_| bad(format!("added token id `{id}` is not an integer")))?;
+        let id: u32 = id
+            .parse()
+            .map_err(|_| bad(format!("added token id `{id}` is not an integer")))?;
         let content = entry
             .get("content")
             .and_then(|c| c.as_str())
@@ -228,16 +238,29 @@ impl TiktokenTokenizer {
     ///
     /// Every single byte must be a rank (byte-level BPE can then encode any
     /// text); specials must not reuse a rank's id.
-    pub fn new(ranks: FxHashMap<Vec<u8>, u32>, specials: Vec<(String, u32)>, pattern: &str) -> Result<TiktokenTokenizer> {
+    pub fn new(
+        ranks: FxHashMap<Vec<u8>, u32>,
+        specials: Vec<(String, u32)>,
+        pattern: &str,
+    ) -> Result<TiktokenTokenizer> {
         if let Some(b) = (0..=255u8).find(|b| !ranks.contains_key(&[*b][..])) {
-            return Err(Error::Tokenizer(format!("byte 0x{b:02x} is not a rank; a byte-level BPE needs all 256")));
+            return Err(Error::Tokenizer(format!(
+                "byte 0x{b:02x} is not a rank; a byte-level BPE needs all 256"
+            )));
         }
         let num_ranks = ranks.len();
-        let max_id = ranks.values().chain(specials.iter().map(|(_, id)| id)).copied().max().unwrap_or(0) as usize;
+        let max_id = ranks
+            .values()
+            .chain(specials.iter().map(|(_, id)| id))
+            .copied()
+            .max()
+            .unwrap_or(0) as usize;
         let mut decoder = vec![Vec::new(); max_id + 1];
         for (bytes, &rank) in &ranks {
             if !decoder[rank as usize].is_empty() {
-                return Err(Error::Tokenizer(format!("rank {rank} is given to two tokens")));
+                return Err(Error::Tokenizer(format!(
+                    "rank {rank} is given to two tokens"
+                )));
             }
             decoder[rank as usize] = bytes.clone();
         }
@@ -246,16 +269,21 @@ impl TiktokenTokenizer {
         for (text, id) in specials {
             let slot = id as usize;
             if !decoder[slot].is_empty() && !is_special[slot] {
-                return Err(Error::Tokenizer(format!("special token `{text}` reuses rank id {id}")));
+                return Err(Error::Tokenizer(format!(
+                    "special token `{text}` reuses rank id {id}"
+                )));
             }
             if text.is_empty() {
-                return Err(Error::Tokenizer(format!("special token {id} has empty text")));
+                return Err(Error::Tokenizer(format!(
+                    "special token {id} has empty text"
+                )));
             }
             decoder[slot] = text.as_bytes().to_vec();
             is_special[slot] = true;
             special_map.insert(text, id);
         }
-        let pattern = Regex::new(pattern).map_err(|e| Error::Tokenizer(format!("bad pre-tokenisation regex: {e}")))?;
+        let pattern = Regex::new(pattern)
+            .map_err(|e| Error::Tokenizer(format!("bad pre-tokenisation regex: {e}")))?;
         let special_pattern = if special_map.is_empty() {
             None
         } else {
@@ -263,15 +291,35 @@ impl TiktokenTokenizer {
             // Longest first, so that of two specials starting at one place the
             // longer wins (the regex takes the first alternative that matches).
             names.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
-            let alternation = names.iter().map(|n| fancy_regex::escape(n)).collect::<Vec<_>>().join("|");
-            Some(Regex::new(&alternation).map_err(|e| Error::Tokenizer(format!("special token regex: {e}")))?)
+            let alternation = names
+                .iter()
+                .map(|n| fancy_regex::escape(n))
+                .collect::<Vec<_>>()
+                .join("|");
+            Some(
+                Regex::new(&alternation)
+                    .map_err(|e| Error::Tokenizer(format!("special token regex: {e}")))?,
+            )
         };
-        Ok(TiktokenTokenizer { encoder: ranks, decoder, num_ranks, specials: special_map, is_special, pattern, special_pattern })
+        Ok(TiktokenTokenizer {
+            encoder: ranks,
+            decoder,
+            num_ranks,
+            specials: special_map,
+            is_special,
+            pattern,
+            special_pattern,
+        })
     }
 
     /// Loads a rank file, an optional `tokenizer_config.json`, a regex and
     /// the special-token rule.
-    pub fn from_files(model: &Path, config: Option<&Path>, pattern: &str, specials: SpecialTokens) -> Result<TiktokenTokenizer> {
+    pub fn from_files(
+        model: &Path,
+        config: Option<&Path>,
+        pattern: &str,
+        specials: SpecialTokens,
+    ) -> Result<TiktokenTokenizer> {
         let text = std::fs::read_to_string(model).map_err(|e| Error::io(model, e))?;
         let ranks = parse_rank_file(&text, model)?;
         let added = match config {
@@ -283,7 +331,15 @@ impl TiktokenTokenizer {
                 let first = ranks.len() as u32;
                 let names: FxHashMap<u32, String> = added.into_iter().collect();
                 (first..first + count)
-                    .map(|id| (names.get(&id).cloned().unwrap_or_else(|| format!("<|reserved_token_{id}|>")), id))
+                    .map(|id| {
+                        (
+                            names
+                                .get(&id)
+                                .cloned()
+                                .unwrap_or_else(|| format!("<|reserved_token_{id}|>")),
+                            id,
+                        )
+                    })
                     .collect()
             }
             SpecialTokens::Explicit(mut list) => {
@@ -303,7 +359,14 @@ impl TiktokenTokenizer {
         let model = dir.join("tiktoken.model");
         let config = dir.join("tokenizer_config.json");
         let config = config.exists().then_some(config.as_path());
-        TiktokenTokenizer::from_files(&model, config, KIMI_PATTERN, SpecialTokens::ReservedRange { count: KIMI_NUM_SPECIAL_IDS })
+        TiktokenTokenizer::from_files(
+            &model,
+            config,
+            KIMI_PATTERN,
+            SpecialTokens::ReservedRange {
+                count: KIMI_NUM_SPECIAL_IDS,
+            },
+        )
     }
 
     /// Encodes text; special tokens written in it become their ids.
@@ -332,12 +395,19 @@ impl TiktokenTokenizer {
     pub fn split(&self, text: &str) -> Result<Vec<String>> {
         self.pattern
             .find_iter(text)
-            .map(|m| m.map(|m| m.as_str().to_string()).map_err(|e| Error::Tokenizer(format!("regex failed: {e}"))))
+            .map(|m| {
+                m.map(|m| m.as_str().to_string())
+                    .map_err(|e| Error::Tokenizer(format!("regex failed: {e}")))
+            })
             .collect()
     }
 
     fn encode_slice(&self, text: &str, with_specials: bool, ids: &mut Vec<u32>) -> Result<()> {
-        let special_pattern = if with_specials { self.special_pattern.as_ref() } else { None };
+        let special_pattern = if with_specials {
+            self.special_pattern.as_ref()
+        } else {
+            None
+        };
         let Some(special_pattern) = special_pattern else {
             return self.encode_plain(text, ids);
         };
@@ -353,7 +423,10 @@ impl TiktokenTokenizer {
 
     fn encode_plain(&self, text: &str, ids: &mut Vec<u32>) -> Result<()> {
         for m in self.pattern.find_iter(text) {
-            let piece = m.map_err(|e| Error::Tokenizer(format!("pre-tokenisation regex failed: {e}")))?.as_str().as_bytes();
+            let piece = m
+                .map_err(|e| Error::Tokenizer(format!("pre-tokenisation regex failed: {e}")))?
+                .as_str()
+                .as_bytes();
             match self.encoder.get(piece) {
                 Some(&id) => ids.push(id),
                 None => self.bpe(piece, ids),
@@ -369,12 +442,15 @@ impl TiktokenTokenizer {
 
     /// BPE-merges one piece and appends its ids.
     fn bpe(&self, piece: &[u8], ids: &mut Vec<u32>) {
-        let bounds = if piece.len() < HEAP_MERGE_MIN_BYTES { self.merge_scan(piece) } else { self.merge_heap(piece) };
-        ids.extend(
-            bounds
-                .windows(2)
-                .map(|w| self.rank(&piece[w[0]..w[1]]).expect("merging only ever forms spans that are ranks")),
-        );
+        let bounds = if piece.len() < HEAP_MERGE_MIN_BYTES {
+            self.merge_scan(piece)
+        } else {
+            self.merge_heap(piece)
+        };
+        ids.extend(bounds.windows(2).map(|w| {
+            self.rank(&piece[w[0]..w[1]])
+                .expect("merging only ever forms spans that are ranks")
+        }));
     }
 
     /// Token boundaries of `piece` (`[0, .., len]`) by repeatedly merging the
@@ -385,7 +461,8 @@ impl TiktokenTokenizer {
         // pair_rank[i]: rank of the span starts[i]..starts[i + 2].
         let pair = |starts: &[usize], i: usize| -> u32 {
             if i + 2 < starts.len() {
-                self.rank(&piece[starts[i]..starts[i + 2]]).unwrap_or(u32::MAX)
+                self.rank(&piece[starts[i]..starts[i + 2]])
+                    .unwrap_or(u32::MAX)
             } else {
                 u32::MAX
             }
@@ -470,7 +547,10 @@ impl TiktokenTokenizer {
     /// Like [`Self::decode_bytes`], but an unknown id is an error naming it.
     pub fn try_decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
         if let Some(&bad) = ids.iter().find(|&&id| self.token_bytes(id).is_none()) {
-            return Err(Error::Tokenizer(format!("id {bad} is not in the vocabulary (size {})", self.vocab_size())));
+            return Err(Error::Tokenizer(format!(
+                "id {bad} is not in the vocabulary (size {})",
+                self.vocab_size()
+            )));
         }
         Ok(self.decode_bytes(ids))
     }
@@ -482,12 +562,18 @@ impl TiktokenTokenizer {
 
     /// The bytes of one id (`None` if unused).
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
-        self.decoder.get(id as usize).filter(|b| !b.is_empty()).map(Vec::as_slice)
+        self.decoder
+            .get(id as usize)
+            .filter(|b| !b.is_empty())
+            .map(Vec::as_slice)
     }
 
     /// The id of a special token's text, or of a string that is exactly one rank.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.specials.get(token).copied().or_else(|| self.rank(token.as_bytes()))
+        self.specials
+            .get(token)
+            .copied()
+            .or_else(|| self.rank(token.as_bytes()))
     }
 
     /// Whether `id` is a special token.
@@ -549,7 +635,9 @@ impl ByteStreamDecoder {
                 }
                 Err(e) => {
                     let (valid, after) = rest.split_at(e.valid_up_to());
-                    out.push_str(std::str::from_utf8(valid).expect("valid_up_to marks a valid prefix"));
+                    out.push_str(
+                        std::str::from_utf8(valid).expect("valid_up_to marks a valid prefix"),
+                    );
                     match e.error_len() {
                         // Invalid sequence: replace it, as from_utf8_lossy does, and go on.
                         Some(len) => {
@@ -623,7 +711,11 @@ mod tests {
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))?;
         for index in std::fs::read_dir(home.join("registry/src")).ok()?.flatten() {
             for krate in std::fs::read_dir(index.path()).ok()?.flatten() {
-                if krate.file_name().to_string_lossy().starts_with("tiktoken-rs-0.12.") {
+                if krate
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("tiktoken-rs-0.12.")
+                {
                     let path = krate.path().join("assets").join(name);
                     if path.exists() {
                         return Some(path);
@@ -638,7 +730,12 @@ mod tests {
     /// 256 single bytes (ranks 0..256) plus a few merges.
     fn tiny_ranks() -> FxHashMap<Vec<u8>, u32> {
         let mut ranks: FxHashMap<Vec<u8>, u32> = (0..=255u8).map(|b| (vec![b], b as u32)).collect();
-        for (i, t) in ["aa", "ab", "aab", "ba", "aaa", "bab", "abab", "aaaa", "bb", "hi"].iter().enumerate() {
+        for (i, t) in [
+            "aa", "ab", "aab", "ba", "aaa", "bab", "abab", "aaaa", "bb", "hi",
+        ]
+        .iter()
+        .enumerate()
+        {
             ranks.insert(t.as_bytes().to_vec(), 256 + i as u32);
         }
         ranks
@@ -669,21 +766,26 @@ mod tests {
     fn pseudo_bytes(seed: &mut u64, len: usize, alphabet: &[u8]) -> Vec<u8> {
         (0..len)
             .map(|_| {
-                *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 alphabet[((*seed >> 33) as usize) % alphabet.len()]
             })
             .collect()
     }
 
     fn temp_dir(tag: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("caracal-tiktoken-{tag}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("caracal-tiktoken-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         dir
     }
 
     fn write_rank_file(path: &Path, ranks: &FxHashMap<Vec<u8>, u32>) {
-        let mut lines: Vec<(u32, String)> =
-            ranks.iter().map(|(b, &r)| (r, base64::engine::general_purpose::STANDARD.encode(b))).collect();
+        let mut lines: Vec<(u32, String)> = ranks
+            .iter()
+            .map(|(b, &r)| (r, base64::engine::general_purpose::STANDARD.encode(b)))
+            .collect();
         lines.sort();
         let text: String = lines.iter().map(|(r, b)| format!("{b} {r}\n")).collect();
         std::fs::write(path, text).expect("write rank file");
@@ -694,18 +796,42 @@ mod tests {
         // Expected pieces from Python `regex` (VERSION1, which has `&&`) on the same pattern.
         let tok = TiktokenTokenizer::new(tiny_ranks(), vec![], KIMI_PATTERN).unwrap();
         let cases: &[(&str, &[&str])] = &[
-            ("Hello世界123456 don't", &["Hello", "世界", "123", "456", " don't"]),
-            ("ÉCOLE élève HTTPServer camelCase", &["ÉCOLE", " élève", " HTTPServer", " camel", "Case"]),
-            ("I'M here, they'RE 'tis", &["I'M", " here", ",", " they'RE", " '", "tis"]),
-            ("  leading and trailing  \n\n\tend", &[" ", " leading", " and", " trailing", "  \n\n", "\tend"]),
-            ("foo!!!\n\nbar...\r\n", &["foo", "!!!\n\n", "bar", "...\r\n"]),
+            (
+                "Hello世界123456 don't",
+                &["Hello", "世界", "123", "456", " don't"],
+            ),
+            (
+                "ÉCOLE élève HTTPServer camelCase",
+                &["ÉCOLE", " élève", " HTTPServer", " camel", "Case"],
+            ),
+            (
+                "I'M here, they'RE 'tis",
+                &["I'M", " here", ",", " they'RE", " '", "tis"],
+            ),
+            (
+                "  leading and trailing  \n\n\tend",
+                &[" ", " leading", " and", " trailing", "  \n\n", "\tend"],
+            ),
+            (
+                "foo!!!\n\nbar...\r\n",
+                &["foo", "!!!\n\n", "bar", "...\r\n"],
+            ),
             ("日本語のテキスト", &["日本語", "のテキスト"]),
-            ("x = a[i]+b[12345];", &["x", " =", " a", "[i", "]+", "b", "[", "123", "45", "];"]),
-            ("nai\u{308}ve cafe\u{301}", &["nai\u{308}ve", " cafe\u{301}"]),
+            (
+                "x = a[i]+b[12345];",
+                &["x", " =", " a", "[i", "]+", "b", "[", "123", "45", "];"],
+            ),
+            (
+                "nai\u{308}ve cafe\u{301}",
+                &["nai\u{308}ve", " cafe\u{301}"],
+            ),
             ("한국어 텍스트", &["한국어", " 텍스트"]),
             ("emoji 🦀🦀 ok", &["emoji", " 🦀🦀", " ok"]),
             ("中文English混合text", &["中文", "English", "混合", "text"]),
-            ("$100.50 & 3/4", &["$", "100", ".", "50", " &", " ", "3", "/", "4"]),
+            (
+                "$100.50 & 3/4",
+                &["$", "100", ".", "50", " &", " ", "3", "/", "4"],
+            ),
         ];
         for (text, want) in cases {
             assert_eq!(tok.split(text).unwrap(), *want, "{text:?}");
@@ -719,7 +845,10 @@ mod tests {
         assert_eq!(split_long_runs("abc", 2), ["ab", "c"]);
         assert_eq!(split_long_runs("", 2), [""]);
         assert_eq!(split_long_runs("     x", 2), ["  ", "  ", " x"]);
-        assert_eq!(split_long_runs("ab\u{1c}\u{1d}\u{1e}cd", 2), ["ab\u{1c}\u{1d}", "\u{1e}cd"]);
+        assert_eq!(
+            split_long_runs("ab\u{1c}\u{1d}\u{1e}cd", 2),
+            ["ab\u{1c}\u{1d}", "\u{1e}cd"]
+        );
         assert_eq!(split_long_runs("ééééé", 2), ["éé", "éé", "é"]);
     }
 
@@ -727,10 +856,15 @@ mod tests {
     fn python_isspace_is_white_space_plus_information_separators() {
         // Python 3.11: [c for c in range(0x110000) if chr(c).isspace()].
         let python: &[u32] = &[
-            0x9, 0xa, 0xb, 0xc, 0xd, 0x1c, 0x1d, 0x1e, 0x1f, 0x20, 0x85, 0xa0, 0x1680, 0x2000, 0x2001, 0x2002, 0x2003, 0x2004,
-            0x2005, 0x2006, 0x2007, 0x2008, 0x2009, 0x200a, 0x2028, 0x2029, 0x202f, 0x205f, 0x3000,
+            0x9, 0xa, 0xb, 0xc, 0xd, 0x1c, 0x1d, 0x1e, 0x1f, 0x20, 0x85, 0xa0, 0x1680, 0x2000,
+            0x2001, 0x2002, 0x2003, 0x2004, 0x2005, 0x2006, 0x2007, 0x2008, 0x2009, 0x200a, 0x2028,
+            0x2029, 0x202f, 0x205f, 0x3000,
         ];
-        let ours: Vec<u32> = (0..=0x10FFFFu32).filter_map(char::from_u32).filter(|&c| python_isspace(c)).map(|c| c as u32).collect();
+        let ours: Vec<u32> = (0..=0x10FFFFu32)
+            .filter_map(char::from_u32)
+            .filter(|&c| python_isspace(c))
+            .map(|c| c as u32)
+            .collect();
         assert_eq!(ours, python);
     }
 
@@ -751,27 +885,60 @@ mod tests {
             for _ in 0..20 {
                 let piece = pseudo_bytes(&mut seed, len, b"aab");
                 let want = naive_bpe(&ranks, &piece);
-                let scan: Vec<u32> = tok.merge_scan(&piece).windows(2).map(|w| ranks[&piece[w[0]..w[1]]]).collect();
-                let heap: Vec<u32> = tok.merge_heap(&piece).windows(2).map(|w| ranks[&piece[w[0]..w[1]]]).collect();
-                assert_eq!(scan, want, "scan, piece {:?}", String::from_utf8_lossy(&piece));
-                assert_eq!(heap, want, "heap, piece {:?}", String::from_utf8_lossy(&piece));
+                let scan: Vec<u32> = tok
+                    .merge_scan(&piece)
+                    .windows(2)
+                    .map(|w| ranks[&piece[w[0]..w[1]]])
+                    .collect();
+                let heap: Vec<u32> = tok
+                    .merge_heap(&piece)
+                    .windows(2)
+                    .map(|w| ranks[&piece[w[0]..w[1]]])
+                    .collect();
+                assert_eq!(
+                    scan,
+                    want,
+                    "scan, piece {:?}",
+                    String::from_utf8_lossy(&piece)
+                );
+                assert_eq!(
+                    heap,
+                    want,
+                    "heap, piece {:?}",
+                    String::from_utf8_lossy(&piece)
+                );
             }
         }
     }
 
     #[test]
     fn scan_and_heap_merges_equal_naive_merge_on_cl100k() {
-        let Some(path) = tiktoken_rs_asset("cl100k_base.tiktoken") else { return };
+        let Some(path) = tiktoken_rs_asset("cl100k_base.tiktoken") else {
+            return;
+        };
         let text = std::fs::read_to_string(&path).unwrap();
         let ranks = parse_rank_file(&text, &path).unwrap();
         let tok = TiktokenTokenizer::new(ranks.clone(), vec![], CL100K_PATTERN).unwrap();
         let mut seed = 11u64;
         for len in [2usize, 7, 33, 99, 150, 400] {
-            for alphabet in [&b"abcde fgh"[..], b"     \n", b"0123456789", "éà中🦀".as_bytes()] {
+            for alphabet in [
+                &b"abcde fgh"[..],
+                b"     \n",
+                b"0123456789",
+                "éà中🦀".as_bytes(),
+            ] {
                 let piece = pseudo_bytes(&mut seed, len, alphabet);
                 let want = naive_bpe(&ranks, &piece);
-                let scan: Vec<u32> = tok.merge_scan(&piece).windows(2).map(|w| ranks[&piece[w[0]..w[1]]]).collect();
-                let heap: Vec<u32> = tok.merge_heap(&piece).windows(2).map(|w| ranks[&piece[w[0]..w[1]]]).collect();
+                let scan: Vec<u32> = tok
+                    .merge_scan(&piece)
+                    .windows(2)
+                    .map(|w| ranks[&piece[w[0]..w[1]]])
+                    .collect();
+                let heap: Vec<u32> = tok
+                    .merge_heap(&piece)
+                    .windows(2)
+                    .map(|w| ranks[&piece[w[0]..w[1]]])
+                    .collect();
                 assert_eq!(scan, want);
                 assert_eq!(heap, want);
             }
@@ -780,9 +947,18 @@ mod tests {
 
     #[test]
     fn cl100k_encoding_equals_tiktoken_rs() {
-        let Some(path) = tiktoken_rs_asset("cl100k_base.tiktoken") else { return };
-        let specials = [("<|endoftext|>", 100257), ("<|fim_prefix|>", 100258), ("<|fim_middle|>", 100259), ("<|fim_suffix|>", 100260), ("<|endofprompt|>", 100276)];
-        let specials = SpecialTokens::Explicit(specials.iter().map(|(s, i)| (s.to_string(), *i)).collect());
+        let Some(path) = tiktoken_rs_asset("cl100k_base.tiktoken") else {
+            return;
+        };
+        let specials = [
+            ("<|endoftext|>", 100257),
+            ("<|fim_prefix|>", 100258),
+            ("<|fim_middle|>", 100259),
+            ("<|fim_suffix|>", 100260),
+            ("<|endofprompt|>", 100276),
+        ];
+        let specials =
+            SpecialTokens::Explicit(specials.iter().map(|(s, i)| (s.to_string(), *i)).collect());
         let ours = TiktokenTokenizer::from_files(&path, None, CL100K_PATTERN, specials).unwrap();
         let reference = tiktoken_rs::cl100k_base().unwrap();
         for text in SAMPLES {
@@ -790,7 +966,11 @@ mod tests {
             let got = ours.encode(text).unwrap();
             assert_eq!(got, want, "{text:?}");
             assert_eq!(ours.decode(&got), *text);
-            assert_eq!(ours.encode_ordinary(text).unwrap(), reference.encode_ordinary(text), "ordinary {text:?}");
+            assert_eq!(
+                ours.encode_ordinary(text).unwrap(),
+                reference.encode_ordinary(text),
+                "ordinary {text:?}"
+            );
         }
         assert_eq!(ours.num_ranks(), 100256);
         assert_eq!(ours.token_to_id("<|endofprompt|>"), Some(100276));
@@ -799,9 +979,16 @@ mod tests {
 
     #[test]
     fn o200k_encoding_equals_tiktoken_rs() {
-        let Some(path) = tiktoken_rs_asset("o200k_base.tiktoken") else { return };
-        let specials = SpecialTokens::Explicit(vec![("<|endoftext|>".into(), 199999), ("<|endofprompt|>".into(), 200018)]);
-        let ours = TiktokenTokenizer::from_files(&path, None, tiktoken_rs::O200K_BASE_PAT_STR, specials).unwrap();
+        let Some(path) = tiktoken_rs_asset("o200k_base.tiktoken") else {
+            return;
+        };
+        let specials = SpecialTokens::Explicit(vec![
+            ("<|endoftext|>".into(), 199999),
+            ("<|endofprompt|>".into(), 200018),
+        ]);
+        let ours =
+            TiktokenTokenizer::from_files(&path, None, tiktoken_rs::O200K_BASE_PAT_STR, specials)
+                .unwrap();
         let reference = tiktoken_rs::o200k_base().unwrap();
         for text in SAMPLES {
             let got = ours.encode(text).unwrap();
@@ -813,14 +1000,25 @@ mod tests {
 
     #[test]
     fn whitespace_runs_over_25000_chars_round_trip() {
-        let Some(path) = tiktoken_rs_asset("cl100k_base.tiktoken") else { return };
-        let tok = TiktokenTokenizer::from_files(&path, None, CL100K_PATTERN, SpecialTokens::Explicit(vec![])).unwrap();
+        let Some(path) = tiktoken_rs_asset("cl100k_base.tiktoken") else {
+            return;
+        };
+        let tok = TiktokenTokenizer::from_files(
+            &path,
+            None,
+            CL100K_PATTERN,
+            SpecialTokens::Explicit(vec![]),
+        )
+        .unwrap();
         let text = format!("a{}b{}c", " ".repeat(30_000), "x".repeat(26_000));
         let ids = tok.encode(&text).unwrap();
         assert_eq!(tok.decode(&ids), text);
         // Both runs are cut after 25,000 chars: "a"+25,000 spaces | 5,000 spaces+"b"+24,999 "x" | the rest.
         let pieces = split_long_runs(&text, MAX_RUN_CHARS);
-        assert_eq!(pieces.iter().map(|p| p.chars().count()).collect::<Vec<_>>(), [25_001, 30_000, 1_002]);
+        assert_eq!(
+            pieces.iter().map(|p| p.chars().count()).collect::<Vec<_>>(),
+            [25_001, 30_000, 1_002]
+        );
         let mut want = Vec::new();
         for p in pieces {
             want.extend(tok.encode(p).unwrap());
@@ -846,17 +1044,34 @@ mod tests {
         assert_eq!(tok.num_ranks(), n as usize);
         assert_eq!(tok.vocab_size(), (n + KIMI_NUM_SPECIAL_IDS) as usize);
         assert_eq!(tok.token_to_id("[BOS]"), Some(n));
-        assert_eq!(tok.token_to_id(&format!("<|reserved_token_{}|>", n + 1)), Some(n + 1));
+        assert_eq!(
+            tok.token_to_id(&format!("<|reserved_token_{}|>", n + 1)),
+            Some(n + 1)
+        );
         assert_eq!(tok.token_to_id("<|im_end|>"), Some(n + 2));
-        assert_eq!(tok.token_to_id(&format!("<|reserved_token_{}|>", n + 257)), Some(n + 257));
-        assert_eq!(tok.token_to_id("<|outside|>"), None, "config entries outside the range are ignored");
+        assert_eq!(
+            tok.token_to_id(&format!("<|reserved_token_{}|>", n + 257)),
+            Some(n + 257)
+        );
+        assert_eq!(
+            tok.token_to_id("<|outside|>"),
+            None,
+            "config entries outside the range are ignored"
+        );
         assert!(tok.is_special(n + 2) && !tok.is_special(n - 1));
         let h = b'h' as u32;
         let hi = tok.token_to_id("hi").unwrap();
         assert_eq!(tok.encode("hi<|im_end|>[BOS]h").unwrap(), [hi, n + 2, n, h]);
-        assert!(!tok.encode_ordinary("hi<|im_end|>").unwrap().contains(&(n + 2)));
+        assert!(!tok
+            .encode_ordinary("hi<|im_end|>")
+            .unwrap()
+            .contains(&(n + 2)));
         assert_eq!(tok.decode(&[hi, n + 2, n]), "hi<|im_end|>[BOS]");
-        assert_eq!(tok.decode_bytes(&[hi, 999_999]), b"hi", "unknown ids are skipped");
+        assert_eq!(
+            tok.decode_bytes(&[hi, 999_999]),
+            b"hi",
+            "unknown ids are skipped"
+        );
         assert!(tok.try_decode_bytes(&[999_999]).is_err());
         std::fs::remove_dir_all(&dir).ok();
     }
@@ -864,11 +1079,17 @@ mod tests {
     #[test]
     fn bad_rank_files_are_rejected_with_the_line() {
         let path = Path::new("x.tiktoken");
-        let err = parse_rank_file("YQ== 0\n!!! 1\n", path).unwrap_err().to_string();
+        let err = parse_rank_file("YQ== 0\n!!! 1\n", path)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("line 2"), "{err}");
-        let err = parse_rank_file("YQ== 0\nYQ== 1\n", path).unwrap_err().to_string();
+        let err = parse_rank_file("YQ== 0\nYQ== 1\n", path)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("twice"), "{err}");
-        let err = parse_rank_file("YQ== zero\n", path).unwrap_err().to_string();
+        let err = parse_rank_file("YQ== zero\n", path)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("bad rank"), "{err}");
         let missing_bytes: FxHashMap<Vec<u8>, u32> = [(b"a".to_vec(), 0)].into_iter().collect();
         assert!(TiktokenTokenizer::new(missing_bytes, vec![], KIMI_PATTERN).is_err());
@@ -889,7 +1110,10 @@ mod tests {
             held += usize::from(delta.is_empty());
             out.push_str(&delta);
         }
-        assert!(held >= 8, "bytes of multi-byte chars are held back ({held})");
+        assert!(
+            held >= 8,
+            "bytes of multi-byte chars are held back ({held})"
+        );
         assert!(!dec.has_pending());
         assert_eq!(dec.finish(), "");
         assert_eq!(out, text);
@@ -897,8 +1121,16 @@ mod tests {
 
     #[test]
     fn streaming_cl100k_ids_equals_full_decode() {
-        let Some(path) = tiktoken_rs_asset("cl100k_base.tiktoken") else { return };
-        let tok = TiktokenTokenizer::from_files(&path, None, CL100K_PATTERN, SpecialTokens::Explicit(vec![])).unwrap();
+        let Some(path) = tiktoken_rs_asset("cl100k_base.tiktoken") else {
+            return;
+        };
+        let tok = TiktokenTokenizer::from_files(
+            &path,
+            None,
+            CL100K_PATTERN,
+            SpecialTokens::Explicit(vec![]),
+        )
+        .unwrap();
         let text = "emoji 🦀🚀👍🏽 family 👨‍👩‍👧 中文分词 𝔘𝔫𝔦𝔠𝔬𝔡𝔢";
         let ids = tok.encode(text).unwrap();
         let mut dec = ByteStreamDecoder::new();
@@ -918,7 +1150,10 @@ mod tests {
     #[test]
     fn streaming_invalid_bytes_equals_lossy_decode() {
         let mut seed = 3u64;
-        let alphabet: Vec<u8> = [b'a', 0x80, 0xbf, 0xc3, 0xa9, 0xe4, 0xb8, 0xad, 0xf0, 0x9f, 0xa6, 0x80, 0xff].to_vec();
+        let alphabet: Vec<u8> = [
+            b'a', 0x80, 0xbf, 0xc3, 0xa9, 0xe4, 0xb8, 0xad, 0xf0, 0x9f, 0xa6, 0x80, 0xff,
+        ]
+        .to_vec();
         for len in [1usize, 2, 5, 16, 64] {
             for _ in 0..50 {
                 let bytes = pseudo_bytes(&mut seed, len, &alphabet);

@@ -111,19 +111,26 @@ impl TextTokenizer {
         let hf_path = dir.join("tokenizer.json");
         let tiktoken_path = dir.join("tiktoken.model");
         let backend = if hf_path.exists() {
-            let inner =
-                tokenizers::Tokenizer::from_file(&hf_path).map_err(|e| Error::Tokenizer(format!("{}: {e}", hf_path.display())))?;
+            let inner = tokenizers::Tokenizer::from_file(&hf_path)
+                .map_err(|e| Error::Tokenizer(format!("{}: {e}", hf_path.display())))?;
             Backend::Hf(Box::new(inner))
         } else if tiktoken_path.exists() {
             Backend::Tiktoken(Box::new(TiktokenTokenizer::from_dir(dir)?))
         } else {
             return Err(Error::io(
                 &hf_path,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "neither tokenizer.json nor tiktoken.model is present"),
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "neither tokenizer.json nor tiktoken.model is present",
+                ),
             ));
         };
         let cfg_path = dir.join("tokenizer_config.json");
-        let cfg = if cfg_path.exists() { read_json(&cfg_path, "tokenizer_config.json")? } else { Value::Null };
+        let cfg = if cfg_path.exists() {
+            read_json(&cfg_path, "tokenizer_config.json")?
+        } else {
+            Value::Null
+        };
         let mut chat_template = match cfg.get("chat_template") {
             Some(Value::String(s)) => Some(s.clone()),
             // A list of named templates: take "default".
@@ -135,11 +142,15 @@ impl TextTokenizer {
         };
         let jinja = dir.join("chat_template.jinja");
         if jinja.exists() {
-            chat_template = Some(std::fs::read_to_string(&jinja).map_err(|e| Error::io(&jinja, e))?);
+            chat_template =
+                Some(std::fs::read_to_string(&jinja).map_err(|e| Error::io(&jinja, e))?);
         }
         let model_cfg = dir.join("config.json");
         let model_type = if model_cfg.exists() {
-            read_json(&model_cfg, "config.json")?.get("model_type").and_then(|v| v.as_str()).map(String::from)
+            read_json(&model_cfg, "config.json")?
+                .get("model_type")
+                .and_then(|v| v.as_str())
+                .map(String::from)
         } else {
             None
         };
@@ -149,7 +160,10 @@ impl TextTokenizer {
             chat_template,
             bos_token: token_string(cfg.get("bos_token")),
             eos_token: token_string(cfg.get("eos_token")),
-            add_bos: cfg.get("add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
+            add_bos: cfg
+                .get("add_bos_token")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false),
         })
     }
 
@@ -172,7 +186,11 @@ impl TextTokenizer {
     /// Encodes without BOS handling; special tokens in the text are recognised.
     fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {
         match &self.backend {
-            Backend::Hf(t) => Ok(t.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?.get_ids().to_vec()),
+            Backend::Hf(t) => Ok(t
+                .encode(text, false)
+                .map_err(|e| Error::Tokenizer(e.to_string()))?
+                .get_ids()
+                .to_vec()),
             Backend::Tiktoken(t) => t.encode(text),
         }
     }
@@ -199,10 +217,16 @@ impl TextTokenizer {
     /// Invalid UTF-8 (a character cut at the end) becomes U+FFFD.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         match &self.backend {
-            Backend::Hf(t) => t.decode(ids, skip_special).map_err(|e| Error::Tokenizer(e.to_string())),
+            Backend::Hf(t) => t
+                .decode(ids, skip_special)
+                .map_err(|e| Error::Tokenizer(e.to_string())),
             Backend::Tiktoken(t) => {
                 if skip_special {
-                    let kept: Vec<u32> = ids.iter().copied().filter(|&id| !t.is_special(id)).collect();
+                    let kept: Vec<u32> = ids
+                        .iter()
+                        .copied()
+                        .filter(|&id| !t.is_special(id))
+                        .collect();
                     Ok(t.decode(&kept))
                 } else {
                     Ok(t.decode(ids))
@@ -223,7 +247,9 @@ impl TextTokenizer {
     /// an added special token of `tokenizer.json`.
     pub fn is_special(&self, id: u32) -> bool {
         match &self.backend {
-            Backend::Hf(t) => t.get_added_vocabulary().is_special_token(&t.id_to_token(id).unwrap_or_default()),
+            Backend::Hf(t) => t
+                .get_added_vocabulary()
+                .is_special_token(&t.id_to_token(id).unwrap_or_default()),
             Backend::Tiktoken(t) => t.is_special(id),
         }
     }
@@ -246,7 +272,11 @@ impl TextTokenizer {
         if let Some(t) = &self.chat_template {
             return Some(ChatFormat::Jinja(t.clone()));
         }
-        let has_all = |names: &[&str]| names.iter().all(|n| self.token_to_id(n).is_some_and(|id| self.is_special(id)));
+        let has_all = |names: &[&str]| {
+            names
+                .iter()
+                .all(|n| self.token_to_id(n).is_some_and(|id| self.is_special(id)))
+        };
         match self.model_type.as_deref() {
             Some("kimi_k3") => return Some(ChatFormat::KimiK3),
             Some("kimi_k2" | "kimi_k25") => return Some(ChatFormat::KimiK2),
@@ -299,7 +329,8 @@ impl StreamDecoder {
         self.ids.push(id);
         let before = tok.decode(&self.ids[self.prefix..self.read], skip_special)?;
         let after = tok.decode(&self.ids[self.prefix..], skip_special)?;
-        if after.len() > before.len() && !after.ends_with('\u{FFFD}') && after.starts_with(&before) {
+        if after.len() > before.len() && !after.ends_with('\u{FFFD}') && after.starts_with(&before)
+        {
             let delta = after[before.len()..].to_string();
             self.prefix = self.read;
             self.read = self.ids.len();
@@ -335,7 +366,9 @@ mod tests {
     use std::path::PathBuf;
 
     fn fixture(name: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name)
     }
 
     /// A tiktoken folder with 256 byte ranks, a few merges and Kimi K3's
@@ -346,11 +379,16 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("temp dir is writable");
         let mut lines = String::new();
         let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
-        for extra in ["he", "ll", "hell", "hello", " w", "or", " wor", "ld", " world"] {
+        for extra in [
+            "he", "ll", "hell", "hello", " w", "or", " wor", "ld", " world",
+        ] {
             tokens.push(extra.as_bytes().to_vec());
         }
         for (rank, t) in tokens.iter().enumerate() {
-            lines.push_str(&format!("{} {rank}\n", base64::engine::general_purpose::STANDARD.encode(t)));
+            lines.push_str(&format!(
+                "{} {rank}\n",
+                base64::engine::general_purpose::STANDARD.encode(t)
+            ));
         }
         std::fs::write(dir.join("tiktoken.model"), lines).expect("write rank file");
         let first = tokens.len() as u32;
@@ -378,7 +416,10 @@ mod tests {
         let mut out = String::new();
         for &id in &ids {
             let delta = dec.push(&tok, id, true).expect("push");
-            assert!(!delta.contains('\u{FFFD}'), "delta {delta:?} holds a replacement char");
+            assert!(
+                !delta.contains('\u{FFFD}'),
+                "delta {delta:?} holds a replacement char"
+            );
             out.push_str(&delta);
         }
         out.push_str(&dec.flush(&tok, true).expect("flush"));
@@ -406,7 +447,10 @@ mod tests {
         let tok = TextTokenizer::from_dir(&dir).expect("loads");
         let ids = tok.encode("<|open|>hello<|end_of_msg|>").expect("encode");
         assert_eq!(ids, vec![268, 259, 267]);
-        assert_eq!(tok.decode(&ids, false).expect("decode"), "<|open|>hello<|end_of_msg|>");
+        assert_eq!(
+            tok.decode(&ids, false).expect("decode"),
+            "<|open|>hello<|end_of_msg|>"
+        );
         assert_eq!(tok.decode(&ids, true).expect("decode"), "hello");
         assert!(tok.is_special(267) && !tok.is_special(259));
         std::fs::remove_dir_all(&dir).ok();
@@ -424,13 +468,19 @@ mod tests {
         let mut held_back = 0;
         for &id in &ids {
             let delta = dec.push(&tok, id, false).expect("push");
-            assert!(!delta.contains('\u{FFFD}'), "delta {delta:?} holds a replacement char");
+            assert!(
+                !delta.contains('\u{FFFD}'),
+                "delta {delta:?} holds a replacement char"
+            );
             held_back += usize::from(delta.is_empty());
             out.push_str(&delta);
         }
         out.push_str(&dec.flush(&tok, false).expect("flush"));
         assert_eq!(out, text);
-        assert!(held_back >= 6, "split characters were held back ({held_back} empty deltas)");
+        assert!(
+            held_back >= 6,
+            "split characters were held back ({held_back} empty deltas)"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 
@@ -441,7 +491,10 @@ mod tests {
         assert_eq!(tok.chat_format(), Some(ChatFormat::KimiK3));
         std::fs::write(dir.join("chat_template.jinja"), "{{ messages }}").expect("write template");
         let tok = TextTokenizer::from_dir(&dir).expect("loads");
-        assert_eq!(tok.chat_format(), Some(ChatFormat::Jinja("{{ messages }}".into())));
+        assert_eq!(
+            tok.chat_format(),
+            Some(ChatFormat::Jinja("{{ messages }}".into()))
+        );
         std::fs::remove_dir_all(&dir).ok();
         // A tokenizer.json folder with a template keeps it.
         let llama = TextTokenizer::from_dir(&fixture("tiny-llama")).expect("fixture loads");
@@ -454,7 +507,8 @@ mod tests {
         std::fs::write(dir.join("tokenizer_config.json"), "{}").expect("write config");
         let tok = TextTokenizer::from_dir(&dir).expect("loads");
         assert_eq!(tok.chat_format(), None);
-        std::fs::write(dir.join("config.json"), r#"{"model_type": "kimi_k3"}"#).expect("write config");
+        std::fs::write(dir.join("config.json"), r#"{"model_type": "kimi_k3"}"#)
+            .expect("write config");
         let tok = TextTokenizer::from_dir(&dir).expect("loads");
         assert_eq!(tok.chat_format(), Some(ChatFormat::KimiK3));
         std::fs::remove_dir_all(&dir).ok();
@@ -465,8 +519,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("caracal-tok-none-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         assert!(!TextTokenizer::exists_in(&dir));
-        let err = TextTokenizer::from_dir(&dir).expect_err("no tokenizer").to_string();
-        assert!(err.contains("tiktoken.model") && err.contains("tokenizer.json"), "{err}");
+        let err = TextTokenizer::from_dir(&dir)
+            .expect_err("no tokenizer")
+            .to_string();
+        assert!(
+            err.contains("tiktoken.model") && err.contains("tokenizer.json"),
+            "{err}"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 }

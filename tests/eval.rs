@@ -10,7 +10,9 @@ use caracal::gguf::{import_gguf, ImportOptions, OutDtype};
 const GPL3: &str = "/usr/share/common-licenses/GPL-3";
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 fn gpl3_or_builtin() -> String {
@@ -38,7 +40,12 @@ fn direct_ppl(m: &LoadedModel, tokens: &[u32], ctx: usize, bos: Option<u32>) -> 
         for pos in first..ctx - 1 {
             let row = &logits[pos * v..(pos + 1) * v];
             let max = row.iter().map(|&x| x as f64).fold(f64::MIN, f64::max);
-            let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+            let lse = max
+                + row
+                    .iter()
+                    .map(|&x| (x as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
             nll += lse - row[window[pos + 1] as usize] as f64;
             count += 1;
         }
@@ -61,13 +68,29 @@ fn perplexity_equals_a_direct_computation_from_prompt_logits() {
     let ctx = 64;
     assert!(tokens.len() >= 3 * ctx, "{} tokens", tokens.len());
     for bos in [None, Some(1u32)] {
-        let r = perplexity(m.model.as_ref(), &tokens, &PplOptions { ctx, bos, ..Default::default() }).unwrap();
+        let r = perplexity(
+            m.model.as_ref(),
+            &tokens,
+            &PplOptions {
+                ctx,
+                bos,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let want = direct_ppl(&m, &tokens, ctx, bos);
-        eprintln!("tiny-llama ctx {ctx} bos {bos:?}: ppl {} (direct {want}), {} windows", r.ppl, r.chunks);
+        eprintln!(
+            "tiny-llama ctx {ctx} bos {bos:?}: ppl {} (direct {want}), {} windows",
+            r.ppl, r.chunks
+        );
         assert_eq!(r.chunks, tokens.len() / ctx);
         assert_eq!(r.scored, r.chunks * (ctx - 1 - ctx / 2));
         assert_eq!(r.running.len(), r.chunks);
-        assert!((r.ppl - want).abs() <= PPL_REL_TOL * want, "{} vs {want}", r.ppl);
+        assert!(
+            (r.ppl - want).abs() <= PPL_REL_TOL * want,
+            "{} vs {want}",
+            r.ppl
+        );
         assert!((r.running.last().unwrap() - r.ppl).abs() < 1e-12);
         assert!(r.ppl_stderr > 0.0 && r.ppl_stderr < r.ppl);
     }
@@ -77,12 +100,39 @@ fn perplexity_equals_a_direct_computation_from_prompt_logits() {
 fn perplexity_honours_max_chunks_and_rejects_short_texts() {
     let m = LoadedModel::load(&fixture("tiny-llama")).unwrap();
     let tokens: Vec<u32> = (0..200u32).map(|i| (i * 37 + 11) % 512).collect();
-    let r = perplexity(m.model.as_ref(), &tokens, &PplOptions { ctx: 32, max_chunks: Some(2), ..Default::default() }).unwrap();
+    let r = perplexity(
+        m.model.as_ref(),
+        &tokens,
+        &PplOptions {
+            ctx: 32,
+            max_chunks: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(r.chunks, 2);
     assert!((r.ppl - direct_ppl(&m, &tokens[..64], 32, None)).abs() <= PPL_REL_TOL * r.ppl);
-    let err = perplexity(m.model.as_ref(), &tokens[..63], &PplOptions { ctx: 32, ..Default::default() }).unwrap_err().to_string();
+    let err = perplexity(
+        m.model.as_ref(),
+        &tokens[..63],
+        &PplOptions {
+            ctx: 32,
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("at least 64 tokens"), "{err}");
-    let err = perplexity(m.model.as_ref(), &tokens, &PplOptions { ctx: 1024, ..Default::default() }).unwrap_err().to_string();
+    let err = perplexity(
+        m.model.as_ref(),
+        &tokens,
+        &PplOptions {
+            ctx: 1024,
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("context length"), "{err}");
 }
 
@@ -112,17 +162,41 @@ impl Drop for TempDir {
 /// goes to hundreds or thousands.
 #[test]
 fn smollm2_perplexity_on_gpl3_is_in_a_sane_range() {
-    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let gguf =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
     if !gguf.exists() || !Path::new(GPL3).exists() {
-        eprintln!("SKIPPED: needs {} (run tools/fetch-models.sh) and {GPL3}", gguf.display());
+        eprintln!(
+            "SKIPPED: needs {} (run tools/fetch-models.sh) and {GPL3}",
+            gguf.display()
+        );
         return;
     }
     let dir = TempDir::new("smollm2");
-    import_gguf(&gguf, &dir.0, &ImportOptions { dtype: OutDtype::Bf16, progress: false }).unwrap();
+    import_gguf(
+        &gguf,
+        &dir.0,
+        &ImportOptions {
+            dtype: OutDtype::Bf16,
+            progress: false,
+        },
+    )
+    .unwrap();
     let m = LoadedModel::load(&dir.0).unwrap();
-    let (tokens, bos) = tokenize_like_llama_cpp(m.tokenizer.as_ref().unwrap(), &std::fs::read_to_string(GPL3).unwrap()).unwrap();
+    let (tokens, bos) = tokenize_like_llama_cpp(
+        m.tokenizer.as_ref().unwrap(),
+        &std::fs::read_to_string(GPL3).unwrap(),
+    )
+    .unwrap();
     assert_eq!(bos, None, "SmolLM2's GGUF says add_bos_token = false");
-    let r = perplexity(m.model.as_ref(), &tokens[..2048], &PplOptions { ctx: 512, ..Default::default() }).unwrap();
+    let r = perplexity(
+        m.model.as_ref(),
+        &tokens[..2048],
+        &PplOptions {
+            ctx: 512,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     eprintln!(
         "SmolLM2-135M-Instruct bf16, GPL-3 first 2048 of {} tokens, ctx 512: PPL {:.4} +/- {:.4} ({:.1} tokens/s)",
         tokens.len(),

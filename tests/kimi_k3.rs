@@ -32,24 +32,38 @@ const MARGIN: f64 = 1e-2;
 const SPLIT_TOL: f32 = 3e-4;
 
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(FIXTURE)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(FIXTURE)
 }
 
 fn expected() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture().join("expected.json")).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(fixture().join("expected.json")).unwrap())
+        .unwrap()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn floats(v: &Value) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn load(dir: &Path) -> Box<dyn CausalLm> {
@@ -62,8 +76,23 @@ fn last_logits(model: &dyn CausalLm, prompt: &[u32]) -> Vec<f32> {
     all[(prompt.len() - 1) * v..].to_vec()
 }
 
-fn forward(model: &dyn CausalLm, cache: &mut KvPool, tokens: &[u32], state: &mut caracal::models::SeqState, mode: LogitsMode) -> Vec<f32> {
-    model.forward(cache, &mut [SeqBatch { tokens, state, logits: mode }]).unwrap()
+fn forward(
+    model: &dyn CausalLm,
+    cache: &mut KvPool,
+    tokens: &[u32],
+    state: &mut caracal::models::SeqState,
+    mode: LogitsMode,
+) -> Vec<f32> {
+    model
+        .forward(
+            cache,
+            &mut [SeqBatch {
+                tokens,
+                state,
+                logits: mode,
+            }],
+        )
+        .unwrap()
 }
 
 #[test]
@@ -71,11 +100,19 @@ fn loads_as_kimi_k3_with_the_hybrid_layout() {
     let m = load(&fixture());
     let info = m.info();
     assert_eq!(info.model_type, "kimi_k3");
-    assert_eq!((info.kv_layers, info.linear_layers), (2, 6), "layers 4 and 8 (1-based) are MLA");
+    assert_eq!(
+        (info.kv_layers, info.linear_layers),
+        (2, 6),
+        "layers 4 and 8 (1-based) are MLA"
+    );
     assert_eq!(info.kv_width, 32 + 8);
     assert_eq!(info.vocab_size, 512);
     assert!(m.as_moe().is_some());
-    assert_eq!(m.as_moe().unwrap().experts().len(), 7, "layers 1..7 are MoE");
+    assert_eq!(
+        m.as_moe().unwrap().experts().len(),
+        7,
+        "layers 1..7 are MoE"
+    );
 }
 
 #[test]
@@ -84,7 +121,10 @@ fn matches_reference_logits() {
     let exp = expected();
     let got = last_logits(m.as_ref(), &ids(&exp["prompt_ids"]));
     let diff = max_abs_diff(&got, &floats(&exp["last_logits"]));
-    eprintln!("kimi_k3: max abs logit diff vs reference {diff:e} (max |logit| {})", exp["max_abs_logit"]);
+    eprintln!(
+        "kimi_k3: max abs logit diff vs reference {diff:e} (max |logit| {})",
+        exp["max_abs_logit"]
+    );
     assert!(diff < LOGIT_TOL, "last-position logits differ by {diff}");
 }
 
@@ -93,19 +133,42 @@ fn greedy_generation_matches_reference() {
     let m = load(&fixture());
     let exp = expected();
     let want = ids(&exp["greedy_ids"]);
-    let margins: Vec<f64> = exp["margins"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-    let req = GenerateRequest { prompt_ids: ids(&exp["prompt_ids"]), max_tokens: want.len(), sampling: SamplingParams::greedy(), stop_ids: Vec::new() };
+    let margins: Vec<f64> = exp["margins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    let req = GenerateRequest {
+        prompt_ids: ids(&exp["prompt_ids"]),
+        max_tokens: want.len(),
+        sampling: SamplingParams::greedy(),
+        stop_ids: Vec::new(),
+    };
     let got = generate(m.as_ref(), &req, |_| {}).unwrap().token_ids;
-    let clear = margins.iter().position(|&g| g < MARGIN).unwrap_or(want.len());
-    assert!(clear >= 8, "reference margins too small to test ({margins:?})");
-    assert_eq!(&got[..clear], &want[..clear], "greedy ids differ within the first {clear} clear-margin steps");
+    let clear = margins
+        .iter()
+        .position(|&g| g < MARGIN)
+        .unwrap_or(want.len());
+    assert!(
+        clear >= 8,
+        "reference margins too small to test ({margins:?})"
+    );
+    assert_eq!(
+        &got[..clear],
+        &want[..clear],
+        "greedy ids differ within the first {clear} clear-margin steps"
+    );
     // Every clear step's top-1 logit matches the reference too (recomputed over the growing sequence).
     let tops = exp["step_logits_top"].as_array().unwrap();
     let mut seq = ids(&exp["prompt_ids"]);
     for (step, top) in tops.iter().enumerate().take(clear) {
         let want_logit = top[0][1].as_f64().unwrap() as f32;
         let got_logits = last_logits(m.as_ref(), &seq);
-        assert!((got_logits[want[step] as usize] - want_logit).abs() < LOGIT_TOL, "step {step}");
+        assert!(
+            (got_logits[want[step] as usize] - want_logit).abs() < LOGIT_TOL,
+            "step {step}"
+        );
         seq.push(want[step]);
     }
 }
@@ -126,14 +189,29 @@ fn prefill_then_decode_equals_recompute() {
     let mut cache = KvPool::new(info.kv_layers, 8, 4, info.kv_width);
     let mut state = model.new_state();
     let mut got = forward(model, &mut cache, &seq[..5], &mut state, LogitsMode::All);
-    got.extend(forward(model, &mut cache, &seq[5..12], &mut state, LogitsMode::All));
+    got.extend(forward(
+        model,
+        &mut cache,
+        &seq[5..12],
+        &mut state,
+        LogitsMode::All,
+    ));
     for t in &seq[12..] {
-        got.extend(forward(model, &mut cache, &[*t], &mut state, LogitsMode::Last));
+        got.extend(forward(
+            model,
+            &mut cache,
+            &[*t],
+            &mut state,
+            LogitsMode::Last,
+        ));
     }
     assert_eq!(got.len(), seq.len() * v);
     let diff = max_abs_diff(&got, &full);
     eprintln!("kimi_k3: chunked/decode vs recompute {diff:e}");
-    assert!(diff < SPLIT_TOL, "incremental decode differs from recompute by {diff}");
+    assert!(
+        diff < SPLIT_TOL,
+        "incremental decode differs from recompute by {diff}"
+    );
 }
 
 #[test]
@@ -152,28 +230,56 @@ fn batched_forward_equals_separate_forwards() {
         .forward(
             &mut cache,
             &mut [
-                SeqBatch { tokens: &a, state: &mut sa, logits: LogitsMode::All },
-                SeqBatch { tokens: &b, state: &mut sb, logits: LogitsMode::All },
+                SeqBatch {
+                    tokens: &a,
+                    state: &mut sa,
+                    logits: LogitsMode::All,
+                },
+                SeqBatch {
+                    tokens: &b,
+                    state: &mut sb,
+                    logits: LogitsMode::All,
+                },
             ],
         )
         .unwrap();
     let v = info.vocab_size;
-    let (da, db) = (max_abs_diff(&both[..a.len() * v], &alone_a), max_abs_diff(&both[a.len() * v..], &alone_b));
+    let (da, db) = (
+        max_abs_diff(&both[..a.len() * v], &alone_a),
+        max_abs_diff(&both[a.len() * v..], &alone_b),
+    );
     eprintln!("kimi_k3: batched vs separate {da:e} / {db:e}");
-    assert!(da < SPLIT_TOL && db < SPLIT_TOL, "batched sequences differ: {da} / {db}");
+    assert!(
+        da < SPLIT_TOL && db < SPLIT_TOL,
+        "batched sequences differ: {da} / {db}"
+    );
     let step = model
         .forward(
             &mut cache,
             &mut [
-                SeqBatch { tokens: &[3], state: &mut sa, logits: LogitsMode::Last },
-                SeqBatch { tokens: &[4], state: &mut sb, logits: LogitsMode::Last },
+                SeqBatch {
+                    tokens: &[3],
+                    state: &mut sa,
+                    logits: LogitsMode::Last,
+                },
+                SeqBatch {
+                    tokens: &[4],
+                    state: &mut sb,
+                    logits: LogitsMode::Last,
+                },
             ],
         )
         .unwrap();
     let ra = prompt_logits(model, &[a.clone(), vec![3]].concat()).unwrap();
     let rb = prompt_logits(model, &[b.clone(), vec![4]].concat()).unwrap();
-    assert!(max_abs_diff(&step[..v], &ra[a.len() * v..]) < SPLIT_TOL, "batched decode A differs");
-    assert!(max_abs_diff(&step[v..], &rb[b.len() * v..]) < SPLIT_TOL, "batched decode B differs");
+    assert!(
+        max_abs_diff(&step[..v], &ra[a.len() * v..]) < SPLIT_TOL,
+        "batched decode A differs"
+    );
+    assert!(
+        max_abs_diff(&step[v..], &rb[b.len() * v..]) < SPLIT_TOL,
+        "batched decode B differs"
+    );
 }
 
 /// A `SeqState` cloned after a prefix (KDA states and conv histories copied,
@@ -195,9 +301,21 @@ fn kda_snapshot_continues_like_an_uninterrupted_run() {
     forward(model, &mut cache, head, &mut state, LogitsMode::None);
     let mut snapshot = state.clone();
     let a = forward(model, &mut cache, tail_a, &mut state, LogitsMode::All);
-    let mut b = forward(model, &mut cache, &tail_b[..2], &mut snapshot, LogitsMode::All);
+    let mut b = forward(
+        model,
+        &mut cache,
+        &tail_b[..2],
+        &mut snapshot,
+        LogitsMode::All,
+    );
     for t in &tail_b[2..] {
-        b.extend(forward(model, &mut cache, &[*t], &mut snapshot, LogitsMode::Last));
+        b.extend(forward(
+            model,
+            &mut cache,
+            &[*t],
+            &mut snapshot,
+            LogitsMode::Last,
+        ));
     }
     let v = info.vocab_size;
     let full_a = prompt_logits(model, &prompt).unwrap();
@@ -205,15 +323,27 @@ fn kda_snapshot_continues_like_an_uninterrupted_run() {
     let da = max_abs_diff(&a, &full_a[cut * v..]);
     let db = max_abs_diff(&b, &full_b[cut * v..]);
     eprintln!("kimi_k3: snapshot continuations vs uninterrupted {da:e} / {db:e}");
-    assert!(da < SPLIT_TOL && db < SPLIT_TOL, "continuations differ from uninterrupted runs: {da} / {db}");
+    assert!(
+        da < SPLIT_TOL && db < SPLIT_TOL,
+        "continuations differ from uninterrupted runs: {da} / {db}"
+    );
 }
 
 #[test]
 fn expert_dispatch_runs_the_latent_experts_identically() {
     struct Local(Vec<Vec<Arc<dyn ExpertFfn>>>);
     impl ExpertDispatch for Local {
-        fn run(&self, moe_layer: usize, x: &[f32], hidden: usize, choices: &[Vec<(usize, f32)>]) -> Vec<f32> {
-            assert_eq!(hidden, 32, "experts see the latent width (routed_expert_hidden_size)");
+        fn run(
+            &self,
+            moe_layer: usize,
+            x: &[f32],
+            hidden: usize,
+            choices: &[Vec<(usize, f32)>],
+        ) -> Vec<f32> {
+            assert_eq!(
+                hidden, 32,
+                "experts see the latent width (routed_expert_hidden_size)"
+            );
             run_experts_local(&self.0[moe_layer], x, hidden, choices)
         }
     }
@@ -238,8 +368,16 @@ struct Tensor {
 fn read_tensors(dir: &Path) -> Vec<Tensor> {
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let mut out: Vec<Tensor> =
-        st.tensors().into_iter().map(|(n, t)| Tensor { name: n, dtype: t.dtype(), shape: t.shape().to_vec(), data: t.data().to_vec() }).collect();
+    let mut out: Vec<Tensor> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| Tensor {
+            name: n,
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            data: t.data().to_vec(),
+        })
+        .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
 }
@@ -248,28 +386,54 @@ fn read_tensors(dir: &Path) -> Vec<Tensor> {
 /// config edited by `edit`.
 fn variant(tag: &str, tensors: Vec<Tensor>, edit: impl FnOnce(&mut Value)) -> scratch::Dir {
     let dir = scratch::Dir::new(tag);
-    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
         std::fs::copy(fixture().join(f), dir.0.join(f)).unwrap();
     }
-    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap()).unwrap();
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap())
+            .unwrap();
     edit(&mut cfg);
-    std::fs::write(dir.0.join("config.json"), serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
-    let views: Vec<(String, TensorView)> = tensors.iter().map(|t| (t.name.clone(), TensorView::new(t.dtype, t.shape.clone(), &t.data).unwrap())).collect();
+    std::fs::write(
+        dir.0.join("config.json"),
+        serde_json::to_string_pretty(&cfg).unwrap(),
+    )
+    .unwrap();
+    let views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                TensorView::new(t.dtype, t.shape.clone(), &t.data).unwrap(),
+            )
+        })
+        .collect();
     safetensors::serialize_to_file(views, None, &dir.0.join("model.safetensors")).unwrap();
     dir
 }
 
 #[test]
 fn text_only_layout_loads_the_same_model() {
-    let tensors: Vec<Tensor> =
-        read_tensors(&fixture()).into_iter().map(|t| Tensor { name: t.name.strip_prefix("language_model.").unwrap().to_string(), ..t }).collect();
+    let tensors: Vec<Tensor> = read_tensors(&fixture())
+        .into_iter()
+        .map(|t| Tensor {
+            name: t.name.strip_prefix("language_model.").unwrap().to_string(),
+            ..t
+        })
+        .collect();
     let d = variant("k3-text-only", tensors, |cfg| {
         let mut text = cfg["text_config"].clone();
         text["model_type"] = "kimi_k3".into();
         *cfg = text;
     });
     let prompt = ids(&expected()["prompt_ids"]);
-    assert_eq!(last_logits(load(&d.0).as_ref(), &prompt), last_logits(load(&fixture()).as_ref(), &prompt));
+    assert_eq!(
+        last_logits(load(&d.0).as_ref(), &prompt),
+        last_logits(load(&fixture()).as_ref(), &prompt)
+    );
 }
 
 #[test]
@@ -279,23 +443,46 @@ fn bf16_experts_give_the_same_logits_as_mxfp4() {
     let mut converted = 0;
     for t in &all {
         if let Some(base) = t.name.strip_suffix(".weight_packed") {
-            let scale = all.iter().find(|s| s.name == format!("{base}.weight_scale")).unwrap();
+            let scale = all
+                .iter()
+                .find(|s| s.name == format!("{base}.weight_scale"))
+                .unwrap();
             let (rows, cols) = (t.shape[0], t.shape[1] * 2);
-            let vals = caracal_kernels::mxfp4::dequantize(&t.data, &scale.data, rows, cols).unwrap();
+            let vals =
+                caracal_kernels::mxfp4::dequantize(&t.data, &scale.data, rows, cols).unwrap();
             // MXFP4 values (2 mantissa bits, scale 2^e) are exact in bf16.
-            let bits: Vec<u8> = vals.iter().flat_map(|&x| caracal_kernels::dtype::f32_to_bf16(x).to_le_bytes()).collect();
-            out.push(Tensor { name: format!("{base}.weight"), dtype: Dtype::BF16, shape: vec![rows, cols], data: bits });
+            let bits: Vec<u8> = vals
+                .iter()
+                .flat_map(|&x| caracal_kernels::dtype::f32_to_bf16(x).to_le_bytes())
+                .collect();
+            out.push(Tensor {
+                name: format!("{base}.weight"),
+                dtype: Dtype::BF16,
+                shape: vec![rows, cols],
+                data: bits,
+            });
             converted += 1;
         } else if !t.name.ends_with(".weight_scale") {
-            out.push(Tensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data: t.data.clone() });
+            out.push(Tensor {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                data: t.data.clone(),
+            });
         }
     }
     assert_eq!(converted, 7 * 16 * 3);
     let d = variant("k3-bf16-experts", out, |_| {});
     let prompt = ids(&expected()["prompt_ids"]);
-    let diff = max_abs_diff(&last_logits(load(&d.0).as_ref(), &prompt), &floats(&expected()["last_logits"]));
+    let diff = max_abs_diff(
+        &last_logits(load(&d.0).as_ref(), &prompt),
+        &floats(&expected()["last_logits"]),
+    );
     eprintln!("kimi_k3: bf16 experts vs reference {diff:e}");
-    assert!(diff < LOGIT_TOL, "bf16 experts differ from the reference by {diff}");
+    assert!(
+        diff < LOGIT_TOL,
+        "bf16 experts differ from the reference by {diff}"
+    );
 }
 
 #[test]
@@ -303,24 +490,54 @@ fn a_log_shapes_and_layout_switch() {
     let prompt = ids(&expected()["prompt_ids"]);
     let want = last_logits(load(&fixture()).as_ref(), &prompt);
     let heads = 2;
-    for (tag, shape) in [("k3-alog-h", vec![heads]), ("k3-alog-11h1", vec![1, 1, heads, 1])] {
+    for (tag, shape) in [
+        ("k3-alog-h", vec![heads]),
+        ("k3-alog-11h1", vec![1, 1, heads, 1]),
+    ] {
         let tensors = read_tensors(&fixture())
             .into_iter()
-            .map(|t| if t.name.ends_with(".A_log") { Tensor { data: t.data[..heads * 4].to_vec(), shape: shape.clone(), ..t } } else { t })
+            .map(|t| {
+                if t.name.ends_with(".A_log") {
+                    Tensor {
+                        data: t.data[..heads * 4].to_vec(),
+                        shape: shape.clone(),
+                        ..t
+                    }
+                } else {
+                    t
+                }
+            })
             .collect();
         let d = variant(tag, tensors, |_| {});
-        assert_eq!(last_logits(load(&d.0).as_ref(), &prompt), want, "A_log stored as {shape:?}");
+        assert_eq!(
+            last_logits(load(&d.0).as_ref(), &prompt),
+            want,
+            "A_log stored as {shape:?}"
+        );
     }
     // The padded [head_dim] buffer read per channel is a different model.
     let d = variant("k3-alog-per-channel", read_tensors(&fixture()), |cfg| {
         cfg["text_config"]["linear_attn_config"]["a_log_layout"] = "per_channel".into();
     });
     let other = last_logits(load(&d.0).as_ref(), &prompt);
-    assert!(max_abs_diff(&other, &want) > 1e-3, "a_log_layout=per_channel must change the gate");
+    assert!(
+        max_abs_diff(&other, &want) > 1e-3,
+        "a_log_layout=per_channel must change the gate"
+    );
     // A per-head layout cannot read a [heads] tensor per channel.
     let tensors = read_tensors(&fixture())
         .into_iter()
-        .map(|t| if t.name.ends_with(".A_log") { Tensor { data: t.data[..heads * 4].to_vec(), shape: vec![heads], ..t } } else { t })
+        .map(|t| {
+            if t.name.ends_with(".A_log") {
+                Tensor {
+                    data: t.data[..heads * 4].to_vec(),
+                    shape: vec![heads],
+                    ..t
+                }
+            } else {
+                t
+            }
+        })
         .collect();
     let d = variant("k3-alog-bad", tensors, |cfg| {
         cfg["text_config"]["linear_attn_config"]["a_log_layout"] = "per_channel".into();
@@ -331,7 +548,9 @@ fn a_log_shapes_and_layout_switch() {
 
 #[test]
 fn unsupported_activation_is_a_clear_error() {
-    let d = variant("k3-bad-act", read_tensors(&fixture()), |cfg| cfg["text_config"]["hidden_act"] = "gelu".into());
+    let d = variant("k3-bad-act", read_tensors(&fixture()), |cfg| {
+        cfg["text_config"]["hidden_act"] = "gelu".into()
+    });
     let err = LoadedModel::load(&d.0).err().unwrap().to_string();
     assert!(err.contains("gelu") && err.contains("situ"), "{err}");
 }

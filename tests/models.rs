@@ -20,24 +20,38 @@ const LOGIT_TOL: f32 = 1e-4;
 const MARGIN: f64 = 1e-2;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 fn expected(name: &str) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap())
+        .unwrap()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn floats(v: &Value) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn check_logits(name: &str) {
@@ -49,14 +63,22 @@ fn check_logits(name: &str) {
     let last = &all[(prompt.len() - 1) * v..];
     let diff = max_abs_diff(last, &floats(&exp["last_logits"]));
     eprintln!("{name}: max abs logit diff vs transformers {diff:e}");
-    assert!(diff < LOGIT_TOL, "{name}: last-position logits differ by {diff}");
+    assert!(
+        diff < LOGIT_TOL,
+        "{name}: last-position logits differ by {diff}"
+    );
 }
 
 fn check_greedy(name: &str) {
     let m = LoadedModel::load(&fixture(name)).unwrap();
     let exp = expected(name);
     let want = ids(&exp["greedy_ids"]);
-    let margins: Vec<f64> = exp["margins"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let margins: Vec<f64> = exp["margins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
     let req = GenerateRequest {
         prompt_ids: ids(&exp["prompt_ids"]),
         max_tokens: want.len(),
@@ -64,9 +86,19 @@ fn check_greedy(name: &str) {
         stop_ids: Vec::new(),
     };
     let got = generate(m.model.as_ref(), &req, |_| {}).unwrap().token_ids;
-    let clear = margins.iter().position(|&g| g < MARGIN).unwrap_or(want.len());
-    assert!(clear >= 4, "{name}: reference margins too small to test ({margins:?})");
-    assert_eq!(&got[..clear], &want[..clear], "{name}: greedy ids differ within the first {clear} clear-margin steps");
+    let clear = margins
+        .iter()
+        .position(|&g| g < MARGIN)
+        .unwrap_or(want.len());
+    assert!(
+        clear >= 4,
+        "{name}: reference margins too small to test ({margins:?})"
+    );
+    assert_eq!(
+        &got[..clear],
+        &want[..clear],
+        "{name}: greedy ids differ within the first {clear} clear-margin steps"
+    );
 }
 
 /// Decoding one token at a time through the cache gives the logits of
@@ -83,13 +115,36 @@ fn check_incremental(name: &str) {
     let mut cache = KvPool::new(info.kv_layers, 8, 4, info.kv_width);
     let mut state = model.new_state();
     let split = 5;
-    let mut got = model.forward(&mut cache, &mut [SeqBatch { tokens: &seq[..split], state: &mut state, logits: LogitsMode::All }]).unwrap();
+    let mut got = model
+        .forward(
+            &mut cache,
+            &mut [SeqBatch {
+                tokens: &seq[..split],
+                state: &mut state,
+                logits: LogitsMode::All,
+            }],
+        )
+        .unwrap();
     for t in &seq[split..] {
-        got.extend(model.forward(&mut cache, &mut [SeqBatch { tokens: &[*t], state: &mut state, logits: LogitsMode::Last }]).unwrap());
+        got.extend(
+            model
+                .forward(
+                    &mut cache,
+                    &mut [SeqBatch {
+                        tokens: &[*t],
+                        state: &mut state,
+                        logits: LogitsMode::Last,
+                    }],
+                )
+                .unwrap(),
+        );
     }
     assert_eq!(got.len(), seq.len() * v);
     let diff = max_abs_diff(&got, &full);
-    assert!(diff < 1e-3, "{name}: incremental decode differs from recompute by {diff}");
+    assert!(
+        diff < 1e-3,
+        "{name}: incremental decode differs from recompute by {diff}"
+    );
 }
 
 /// Two sequences of different lengths in one batched forward give the same
@@ -109,21 +164,43 @@ fn check_batched(name: &str) {
         .forward(
             &mut cache,
             &mut [
-                SeqBatch { tokens: &a, state: &mut sa, logits: LogitsMode::All },
-                SeqBatch { tokens: &b, state: &mut sb, logits: LogitsMode::All },
+                SeqBatch {
+                    tokens: &a,
+                    state: &mut sa,
+                    logits: LogitsMode::All,
+                },
+                SeqBatch {
+                    tokens: &b,
+                    state: &mut sb,
+                    logits: LogitsMode::All,
+                },
             ],
         )
         .unwrap();
     let v = info.vocab_size;
-    assert!(max_abs_diff(&both[..a.len() * v], &alone_a) < 1e-3, "{name}: batched sequence A differs");
-    assert!(max_abs_diff(&both[a.len() * v..], &alone_b) < 1e-3, "{name}: batched sequence B differs");
+    assert!(
+        max_abs_diff(&both[..a.len() * v], &alone_a) < 1e-3,
+        "{name}: batched sequence A differs"
+    );
+    assert!(
+        max_abs_diff(&both[a.len() * v..], &alone_b) < 1e-3,
+        "{name}: batched sequence B differs"
+    );
     // Then one decode step for both together.
     let step = model
         .forward(
             &mut cache,
             &mut [
-                SeqBatch { tokens: &[3], state: &mut sa, logits: LogitsMode::Last },
-                SeqBatch { tokens: &[4], state: &mut sb, logits: LogitsMode::Last },
+                SeqBatch {
+                    tokens: &[3],
+                    state: &mut sa,
+                    logits: LogitsMode::Last,
+                },
+                SeqBatch {
+                    tokens: &[4],
+                    state: &mut sb,
+                    logits: LogitsMode::Last,
+                },
             ],
         )
         .unwrap();
@@ -133,8 +210,14 @@ fn check_batched(name: &str) {
     b2.push(4);
     let ra = prompt_logits(model, &a2).unwrap();
     let rb = prompt_logits(model, &b2).unwrap();
-    assert!(max_abs_diff(&step[..v], &ra[a.len() * v..]) < 1e-3, "{name}: batched decode A differs");
-    assert!(max_abs_diff(&step[v..], &rb[b.len() * v..]) < 1e-3, "{name}: batched decode B differs");
+    assert!(
+        max_abs_diff(&step[..v], &ra[a.len() * v..]) < 1e-3,
+        "{name}: batched decode A differs"
+    );
+    assert!(
+        max_abs_diff(&step[v..], &rb[b.len() * v..]) < 1e-3,
+        "{name}: batched decode B differs"
+    );
 }
 
 #[test]
@@ -187,7 +270,11 @@ fn chat_template_renders_like_transformers() {
             tok.eos_token.as_deref(),
         )
         .unwrap();
-        assert_eq!(tok.encode_chat(&text).unwrap(), ids(&expected(name)["chat_prompt_ids"]), "{name}");
+        assert_eq!(
+            tok.encode_chat(&text).unwrap(),
+            ids(&expected(name)["chat_prompt_ids"]),
+            "{name}"
+        );
     }
 }
 
@@ -225,7 +312,10 @@ fn unknown_model_type_is_a_clear_error() {
     let d = copy_fixture("tiny-llama");
     edit_config(&d.0, |v| v["model_type"] = "mamba".into());
     let err = LoadedModel::load(&d.0).err().unwrap().to_string();
-    assert!(err.contains("unknown model_type `mamba`") && err.contains("deepseek_v3"), "{err}");
+    assert!(
+        err.contains("unknown model_type `mamba`") && err.contains("deepseek_v3"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -233,7 +323,10 @@ fn wrong_tensor_shape_names_the_tensor() {
     let d = copy_fixture("tiny-llama");
     edit_config(&d.0, |v| v["intermediate_size"] = 100.into());
     let err = LoadedModel::load(&d.0).err().unwrap().to_string();
-    assert!(err.contains("model.layers.0.mlp.gate_proj.weight") && err.contains("[100, 64]"), "{err}");
+    assert!(
+        err.contains("model.layers.0.mlp.gate_proj.weight") && err.contains("[100, 64]"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -242,7 +335,10 @@ fn missing_files_are_named() {
     std::fs::remove_file(d.0.join("model.safetensors")).unwrap();
     let err = LoadedModel::load(&d.0).err().unwrap().to_string();
     assert!(err.contains("safetensors"), "{err}");
-    let err = LoadedModel::load(Path::new("/nonexistent/model")).err().unwrap().to_string();
+    let err = LoadedModel::load(Path::new("/nonexistent/model"))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("/nonexistent/model"), "{err}");
 }
 
@@ -250,8 +346,15 @@ fn missing_files_are_named() {
 fn prompt_longer_than_context_is_rejected() {
     let m = LoadedModel::load(&fixture("tiny-llama")).unwrap();
     let ctx = m.model.info().max_position;
-    let req = GenerateRequest { prompt_ids: vec![5; ctx + 1], max_tokens: 4, sampling: SamplingParams::greedy(), stop_ids: vec![] };
-    let err = generate(m.model.as_ref(), &req, |_| {}).unwrap_err().to_string();
+    let req = GenerateRequest {
+        prompt_ids: vec![5; ctx + 1],
+        max_tokens: 4,
+        sampling: SamplingParams::greedy(),
+        stop_ids: vec![],
+    };
+    let err = generate(m.model.as_ref(), &req, |_| {})
+        .unwrap_err()
+        .to_string();
     assert!(err.contains(&format!("context length is {ctx}")), "{err}");
 }
 
@@ -263,7 +366,11 @@ mod tempdir {
 
     impl Dir {
         pub fn new(tag: &str) -> Dir {
-            let p = std::env::temp_dir().join(format!("caracal-test-{tag}-{}-{:?}", std::process::id(), std::thread::current().id()));
+            let p = std::env::temp_dir().join(format!(
+                "caracal-test-{tag}-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
             let _ = std::fs::remove_dir_all(&p);
             std::fs::create_dir_all(&p).unwrap();
             Dir(p)

@@ -43,12 +43,17 @@ struct Fixture {
 }
 
 fn gguf() -> Option<PathBuf> {
-    let dir = std::env::var_os("CARACAL_CACHE").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models"));
+    let dir = std::env::var_os("CARACAL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models"));
     let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
     if path.exists() {
         Some(path)
     } else {
-        eprintln!("note: skipping moeify tests: {} not found (run tools/fetch-models.sh)", path.display());
+        eprintln!(
+            "note: skipping moeify tests: {} not found (run tools/fetch-models.sh)",
+            path.display()
+        );
         None
     }
 }
@@ -62,10 +67,23 @@ fn fixture() -> Option<&'static Fixture> {
             let gguf = gguf()?;
             let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moeify-smollm2");
             let _ = std::fs::remove_dir_all(&root);
-            let f = Fixture { dense: root.join("dense"), copy: root.join("copy"), split: root.join("split") };
-            import_gguf(&gguf, &f.dense, &ImportOptions::default()).expect("import the SmolLM2 GGUF");
+            let f = Fixture {
+                dense: root.join("dense"),
+                copy: root.join("copy"),
+                split: root.join("split"),
+            };
+            import_gguf(&gguf, &f.dense, &ImportOptions::default())
+                .expect("import the SmolLM2 GGUF");
             for (dir, variant) in [(&f.copy, Variant::Copy), (&f.split, Variant::Split)] {
-                let report = moeify_checkpoint(&f.dense, dir, &MoeifyOptions { variant, ..MoeifyOptions::default() }).expect("moeify");
+                let report = moeify_checkpoint(
+                    &f.dense,
+                    dir,
+                    &MoeifyOptions {
+                        variant,
+                        ..MoeifyOptions::default()
+                    },
+                )
+                .expect("moeify");
                 eprintln!("{report}");
                 assert_eq!(report.moe_layers, 29);
             }
@@ -102,14 +120,20 @@ fn greedy_tokens(m: &LoadedModel, prompt: &[u32]) -> Vec<u32> {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
 fn moe_logits_equal_dense_logits() {
     let Some(f) = fixture() else { return };
     let dense = LoadedModel::load(&f.dense).unwrap();
-    assert!(dense.model.as_moe().is_none(), "the dense llama has no MoE capability");
+    assert!(
+        dense.model.as_moe().is_none(),
+        "the dense llama has no MoE capability"
+    );
     let prompt = chat_prompt(&dense);
     let want = prompt_logits(dense.model.as_ref(), &prompt).unwrap();
     for dir in [&f.copy, &f.split] {
@@ -118,8 +142,16 @@ fn moe_logits_equal_dense_logits() {
         let got = prompt_logits(moe.model.as_ref(), &prompt).unwrap();
         let diff = max_abs_diff(&got, &want);
         let scale = want.iter().fold(0.0f32, |a, x| a.max(x.abs()));
-        eprintln!("{}: max abs logit diff vs dense over {} positions: {diff:e} (max |logit| {scale})", dir.display(), prompt.len());
-        assert!(diff < LOGIT_TOL, "{}: logits differ by {diff}", dir.display());
+        eprintln!(
+            "{}: max abs logit diff vs dense over {} positions: {diff:e} (max |logit| {scale})",
+            dir.display(),
+            prompt.len()
+        );
+        assert!(
+            diff < LOGIT_TOL,
+            "{}: logits differ by {diff}",
+            dir.display()
+        );
     }
 }
 
@@ -129,7 +161,12 @@ fn moe_greedy_answer_is_the_dense_answer_and_says_paris() {
     let dense = LoadedModel::load(&f.dense).unwrap();
     let prompt = chat_prompt(&dense);
     let want = greedy_tokens(&dense, &prompt);
-    let text = dense.tokenizer.as_ref().unwrap().decode(&want, true).unwrap();
+    let text = dense
+        .tokenizer
+        .as_ref()
+        .unwrap()
+        .decode(&want, true)
+        .unwrap();
     eprintln!("dense answer: {text:?}");
     assert!(text.contains("Paris"), "dense SmolLM2 answered {text:?}");
     for dir in [&f.copy, &f.split] {
@@ -148,8 +185,17 @@ struct Recorder {
 }
 
 impl ExpertDispatch for Recorder {
-    fn run(&self, moe_layer: usize, x: &[f32], hidden: usize, choices: &[Vec<(usize, f32)>]) -> Vec<f32> {
-        self.seen.lock().unwrap().push((moe_layer, choices.to_vec()));
+    fn run(
+        &self,
+        moe_layer: usize,
+        x: &[f32],
+        hidden: usize,
+        choices: &[Vec<(usize, f32)>],
+    ) -> Vec<f32> {
+        self.seen
+            .lock()
+            .unwrap()
+            .push((moe_layer, choices.to_vec()));
         run_experts_local(&self.experts[moe_layer], x, hidden, choices)
     }
 }
@@ -159,7 +205,10 @@ impl ExpertDispatch for Recorder {
 fn record(dir: &Path, prompt: &[u32]) -> (Decisions, Vec<f32>) {
     let m = LoadedModel::load(dir).unwrap();
     let moe = m.model.as_moe().unwrap();
-    let rec = Arc::new(Recorder { experts: moe.experts(), seen: Mutex::new(Vec::new()) });
+    let rec = Arc::new(Recorder {
+        experts: moe.experts(),
+        seen: Mutex::new(Vec::new()),
+    });
     moe.set_expert_dispatch(rec.clone());
     let logits = prompt_logits(m.model.as_ref(), prompt).unwrap();
     let seen = std::mem::take(&mut *rec.seen.lock().unwrap());
@@ -183,17 +232,31 @@ fn router_sends_different_tokens_to_different_experts() {
         for c in choices {
             assert_eq!(c.len(), 2);
             assert_ne!(c[0].0, c[1].0);
-            assert_eq!(c[0].0 / 4, c[1].0 / 4, "layer {layer}: topk_group 1 keeps one group of 4");
+            assert_eq!(
+                c[0].0 / 4,
+                c[1].0 / 4,
+                "layer {layer}: topk_group 1 keeps one group of 4"
+            );
             let w: f32 = c.iter().map(|&(_, w)| w).sum();
-            assert!((w - 2.0).abs() < 1e-6, "layer {layer}: weights sum to {w}, not routed_scaling_factor 2");
+            assert!(
+                (w - 2.0).abs() < 1e-6,
+                "layer {layer}: weights sum to {w}, not routed_scaling_factor 2"
+            );
             let mut pair = [c[0].0, c[1].0];
             pair.sort();
             sets.insert(pair);
         }
-        assert!(sets.len() > 1, "layer {layer}: every token chose the same experts {sets:?}");
+        assert!(
+            sets.len() > 1,
+            "layer {layer}: every token chose the same experts {sets:?}"
+        );
         distinct_total += sets.len();
     }
-    eprintln!("copy: {:.1} distinct expert pairs per MoE layer over {} tokens", distinct_total as f64 / 29.0, prompt.len());
+    eprintln!(
+        "copy: {:.1} distinct expert pairs per MoE layer over {} tokens",
+        distinct_total as f64 / 29.0,
+        prompt.len()
+    );
     assert!(max_abs_diff(&logits, &want) < LOGIT_TOL);
 
     // split: every token uses all 8 slices with weight rsf / E = 0.25 exactly.
@@ -204,7 +267,10 @@ fn router_sends_different_tokens_to_different_experts() {
             let mut ex: Vec<usize> = c.iter().map(|&(e, _)| e).collect();
             ex.sort();
             assert_eq!(ex, (0..8).collect::<Vec<_>>(), "layer {layer}");
-            assert!(c.iter().all(|&(_, w)| w == 0.25), "layer {layer}: weights {c:?}");
+            assert!(
+                c.iter().all(|&(_, w)| w == 0.25),
+                "layer {layer}: weights {c:?}"
+            );
         }
     }
     assert!(max_abs_diff(&logits, &want) < LOGIT_TOL);
@@ -232,7 +298,15 @@ fn expert_parallel_2_and_4_give_the_dense_greedy_tokens() {
         let m: Arc<dyn CausalLm> = Arc::from(LoadedModel::load(&f.copy).unwrap().model);
         let stop = m.info().eos_ids.clone();
         let (ids, counts) = actix::System::new().block_on(async {
-            let engine = Engine::start(m, EngineConfig { ep, kv_cache_memory: 64 << 20, ..Default::default() }, None);
+            let engine = Engine::start(
+                m,
+                EngineConfig {
+                    ep,
+                    kv_cache_memory: 64 << 20,
+                    ..Default::default()
+                },
+                None,
+            );
             assert_eq!(engine.shards.as_ref().map(|s| s.num_shards()), Some(ep));
             let req = ValidRequest {
                 session: None,
@@ -240,7 +314,10 @@ fn expert_parallel_2_and_4_give_the_dense_greedy_tokens() {
                 cache_key: None,
                 max_tokens: MAX_TOKENS,
                 sampling: SamplingParams::greedy(),
-                stop: StopConditions { ids: stop, strings: Vec::new() },
+                stop: StopConditions {
+                    ids: stop,
+                    strings: Vec::new(),
+                },
             };
             let ids = collect(engine.submit(req).await.unwrap()).await;
             let counts = engine.shards.as_ref().unwrap().counts().await;
@@ -250,7 +327,10 @@ fn expert_parallel_2_and_4_give_the_dense_greedy_tokens() {
         assert_eq!(counts.len(), 29);
         for (layer, c) in counts.iter().enumerate() {
             let used = c.iter().filter(|&&n| n > 0).count();
-            assert!(used > 2, "ep {ep}, MoE layer {layer}: only {used} experts ever chosen ({c:?})");
+            assert!(
+                used > 2,
+                "ep {ep}, MoE layer {layer}: only {used} experts ever chosen ({c:?})"
+            );
         }
     }
 }

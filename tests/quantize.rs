@@ -17,7 +17,9 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 /// A scratch folder removed on drop.
@@ -39,12 +41,19 @@ impl Drop for TempDir {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// Prompt plus the reference greedy continuation of a fixture: 20–30 positions.
 fn probe_ids(name: &str) -> Vec<u32> {
-    let exp: Value = serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap()).unwrap();
+    let exp: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture(name).join("expected.json")).unwrap(),
+    )
+    .unwrap();
     let mut seq = ids(&exp["prompt_ids"]);
     seq.extend(ids(&exp["greedy_ids"]));
     seq
@@ -57,7 +66,13 @@ fn rel_rms(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn argmax(row: &[f32]) -> usize {
-    row.iter().enumerate().fold((0, f32::MIN), |best, (i, &v)| if v > best.1 { (i, v) } else { best }).0
+    row.iter()
+        .enumerate()
+        .fold(
+            (0, f32::MIN),
+            |best, (i, &v)| if v > best.1 { (i, v) } else { best },
+        )
+        .0
 }
 
 /// Writes `q`'s checkpoint to `dst` with every MXFP4 weight replaced by its
@@ -72,19 +87,44 @@ fn write_decoded(q: &Path, dst: &Path) {
             let (rows, cols) = (e.shape[0], e.shape[1] * 2);
             let m = ckpt.matrix(&format!("{base}.weight"), rows, cols).unwrap();
             assert_eq!(m.dtype, DType::Mxfp4);
-            let bytes = m.to_f32_vec().iter().flat_map(|v| v.to_le_bytes()).collect();
-            owned.push((format!("{base}.weight"), Dtype::F32, vec![rows, cols], bytes));
+            let bytes = m
+                .to_f32_vec()
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            owned.push((
+                format!("{base}.weight"),
+                Dtype::F32,
+                vec![rows, cols],
+                bytes,
+            ));
         } else if !n.ends_with(".weight_scale") {
             let dtype = match e.dtype.name() {
                 "bf16" => Dtype::BF16,
                 "f32" => Dtype::F32,
                 other => panic!("unexpected dtype {other} in a fixture"),
             };
-            owned.push((n.to_string(), dtype, e.shape.clone(), ckpt.bytes(n).unwrap().to_vec()));
+            owned.push((
+                n.to_string(),
+                dtype,
+                e.shape.clone(),
+                ckpt.bytes(n).unwrap().to_vec(),
+            ));
         }
     }
-    write_st(&dst.join("model.safetensors"), &owned.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone())).collect::<Vec<_>>());
-    for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+    write_st(
+        &dst.join("model.safetensors"),
+        &owned
+            .iter()
+            .map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone()))
+            .collect::<Vec<_>>(),
+    );
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
         std::fs::copy(q.join(f), dst.join(f)).unwrap();
     }
 }
@@ -94,31 +134,56 @@ fn write_decoded(q: &Path, dst: &Path) {
 /// (relative RMS logit error vs bf16, top-1 agreement with bf16).
 fn quantized_vs_bf16(name: &str, experts_only: bool) -> (f64, f64) {
     let out = TempDir::new(&format!("{name}-{experts_only}"));
-    let opts = QuantizeOptions { experts_only, ..Default::default() };
+    let opts = QuantizeOptions {
+        experts_only,
+        ..Default::default()
+    };
     let report = quantize_checkpoint(&fixture(name), &out.0, &opts).unwrap();
     assert!(report.quantized > 0, "{name}: nothing quantized");
-    assert!(report.bytes_out < report.bytes_in, "{name}: output is not smaller");
-    assert!(report.relative_rms_error > 0.0 && report.relative_rms_error < 0.2, "{name}: weight error {}", report.relative_rms_error);
+    assert!(
+        report.bytes_out < report.bytes_in,
+        "{name}: output is not smaller"
+    );
+    assert!(
+        report.relative_rms_error > 0.0 && report.relative_rms_error < 0.2,
+        "{name}: weight error {}",
+        report.relative_rms_error
+    );
 
     // The folder is complete: config with quantization_config, tokenizer copied.
-    let cfg: Value = serde_json::from_str(&std::fs::read_to_string(out.0.join("config.json")).unwrap()).unwrap();
+    let cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.0.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["quantization_config"]["format"], "mxfp4-pack-quantized");
-    assert_eq!(cfg["quantization_config"]["quant_method"], "compressed-tensors");
+    assert_eq!(
+        cfg["quantization_config"]["quant_method"],
+        "compressed-tensors"
+    );
     assert!(out.0.join("tokenizer.json").exists() && out.0.join("generation_config.json").exists());
 
     let ckpt = Checkpoint::open(&out.0).unwrap();
-    let packed: Vec<&str> = ckpt.names().into_iter().filter(|n| n.ends_with(".weight_packed")).collect();
+    let packed: Vec<&str> = ckpt
+        .names()
+        .into_iter()
+        .filter(|n| n.ends_with(".weight_packed"))
+        .collect();
     assert_eq!(packed.len(), report.quantized);
     if experts_only {
         assert!(packed.iter().all(|n| n.contains(".experts.")), "{packed:?}");
     }
     let src = Checkpoint::open(&fixture(name)).unwrap();
-    assert_eq!(ckpt.total_params(), src.total_params(), "MXFP4 tensors count their logical parameters");
+    assert_eq!(
+        ckpt.total_params(),
+        src.total_params(),
+        "MXFP4 tensors count their logical parameters"
+    );
 
     let q = LoadedModel::load(&out.0).unwrap();
     let seq = probe_ids(name);
     let lq = prompt_logits(q.model.as_ref(), &seq).unwrap();
-    assert!(lq.iter().all(|x| x.is_finite()), "{name}: non-finite logits");
+    assert!(
+        lq.iter().all(|x| x.is_finite()),
+        "{name}: non-finite logits"
+    );
 
     // (a) Exactness: same logits as the f32 model of the decoded weights, up to
     // f32 summation order (MXFP4 kernel vs dense GEMM): 1e-4 of the largest logit.
@@ -126,16 +191,42 @@ fn quantized_vs_bf16(name: &str, experts_only: bool) -> (f64, f64) {
     write_decoded(&out.0, &dec.0);
     let ld = prompt_logits(LoadedModel::load(&dec.0).unwrap().model.as_ref(), &seq).unwrap();
     let scale = ld.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-    let diff = lq.iter().zip(&ld).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(diff <= 1e-4 * scale, "{name}: MXFP4 model differs from its decoded weights by {diff} (max |logit| {scale})");
+    let diff = lq
+        .iter()
+        .zip(&ld)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        diff <= 1e-4 * scale,
+        "{name}: MXFP4 model differs from its decoded weights by {diff} (max |logit| {scale})"
+    );
 
     // (b) It generates.
-    let req = GenerateRequest { prompt_ids: seq[..8].to_vec(), max_tokens: 8, sampling: SamplingParams::greedy(), stop_ids: Vec::new() };
-    assert_eq!(generate(q.model.as_ref(), &req, |_| {}).unwrap().token_ids.len(), 8);
+    let req = GenerateRequest {
+        prompt_ids: seq[..8].to_vec(),
+        max_tokens: 8,
+        sampling: SamplingParams::greedy(),
+        stop_ids: Vec::new(),
+    };
+    assert_eq!(
+        generate(q.model.as_ref(), &req, |_| {})
+            .unwrap()
+            .token_ids
+            .len(),
+        8
+    );
 
-    let lf = prompt_logits(LoadedModel::load(&fixture(name)).unwrap().model.as_ref(), &seq).unwrap();
+    let lf = prompt_logits(
+        LoadedModel::load(&fixture(name)).unwrap().model.as_ref(),
+        &seq,
+    )
+    .unwrap();
     let v = q.model.info().vocab_size;
-    let agree = lq.chunks(v).zip(lf.chunks(v)).filter(|(a, b)| argmax(a) == argmax(b)).count() as f64 / seq.len() as f64;
+    let agree = lq
+        .chunks(v)
+        .zip(lf.chunks(v))
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count() as f64
+        / seq.len() as f64;
     let err = rel_rms(&lq, &lf);
     eprintln!(
         "{name} experts_only={experts_only}: {} weights quantized, weight rel. RMS error {:.4}, logit rel. RMS error vs bf16 {err:.4}, \
@@ -163,14 +254,20 @@ const TOP1_AGREEMENT_MIN: f64 = 0.2;
 #[test]
 fn quantized_tiny_llama_tracks_the_bf16_logits() {
     let (err, agree) = quantized_vs_bf16("tiny-llama", false);
-    assert!(err < LOGIT_REL_RMS_MAX && agree >= TOP1_AGREEMENT_MIN, "{err} {agree}");
+    assert!(
+        err < LOGIT_REL_RMS_MAX && agree >= TOP1_AGREEMENT_MIN,
+        "{err} {agree}"
+    );
 }
 
 #[test]
 fn quantized_tiny_deepseek_v3_tracks_the_bf16_logits() {
     for experts_only in [true, false] {
         let (err, agree) = quantized_vs_bf16("tiny-deepseek-v3", experts_only);
-        assert!(err < LOGIT_REL_RMS_MAX && agree >= TOP1_AGREEMENT_MIN, "experts_only={experts_only}: {err} {agree}");
+        assert!(
+            err < LOGIT_REL_RMS_MAX && agree >= TOP1_AGREEMENT_MIN,
+            "experts_only={experts_only}: {err} {agree}"
+        );
     }
 }
 
@@ -178,17 +275,34 @@ fn quantized_tiny_deepseek_v3_tracks_the_bf16_logits() {
 fn quantized_tiny_kimi_linear_tracks_the_bf16_logits() {
     for experts_only in [true, false] {
         let (err, agree) = quantized_vs_bf16("tiny-kimi-linear", experts_only);
-        assert!(err < LOGIT_REL_RMS_MAX && agree >= TOP1_AGREEMENT_MIN, "experts_only={experts_only}: {err} {agree}");
+        assert!(
+            err < LOGIT_REL_RMS_MAX && agree >= TOP1_AGREEMENT_MIN,
+            "experts_only={experts_only}: {err} {agree}"
+        );
     }
 }
 
 #[test]
 fn experts_only_leaves_every_other_tensor_byte_identical() {
     let out = TempDir::new("experts-only-bytes");
-    let report =
-        quantize_checkpoint(&fixture("tiny-deepseek-v3"), &out.0, &QuantizeOptions { experts_only: true, ..Default::default() }).unwrap();
-    assert_eq!(report.quantized, 2 * 8 * 3, "2 MoE layers x 8 experts x (gate, up, down)");
-    let (a, b) = (Checkpoint::open(&fixture("tiny-deepseek-v3")).unwrap(), Checkpoint::open(&out.0).unwrap());
+    let report = quantize_checkpoint(
+        &fixture("tiny-deepseek-v3"),
+        &out.0,
+        &QuantizeOptions {
+            experts_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        report.quantized,
+        2 * 8 * 3,
+        "2 MoE layers x 8 experts x (gate, up, down)"
+    );
+    let (a, b) = (
+        Checkpoint::open(&fixture("tiny-deepseek-v3")).unwrap(),
+        Checkpoint::open(&out.0).unwrap(),
+    );
     for n in a.names() {
         if n.contains(".experts.") {
             assert!(!b.has(n) && b.has_matrix(n), "{n}");
@@ -201,23 +315,57 @@ fn experts_only_leaves_every_other_tensor_byte_identical() {
 #[test]
 fn inspect_counts_blocks_of_the_quantized_checkpoint() {
     let out = TempDir::new("inspect");
-    let report =
-        quantize_checkpoint(&fixture("tiny-kimi-linear"), &out.0, &QuantizeOptions { experts_only: true, ..Default::default() }).unwrap();
+    let report = quantize_checkpoint(
+        &fixture("tiny-kimi-linear"),
+        &out.0,
+        &QuantizeOptions {
+            experts_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let r = inspect_checkpoint(&out.0).unwrap();
     // 3 MoE layers x 8 experts, each expert 3 matrices of 32x64 or 64x32 = 64 blocks each.
     assert_eq!(r.mxfp4.len(), 3 * 8);
-    assert!(r.mxfp4.iter().all(|x| x.expert.is_some() && x.matrices == 3 && x.stats.blocks == 3 * 64));
+    assert!(r
+        .mxfp4
+        .iter()
+        .all(|x| x.expert.is_some() && x.matrices == 3 && x.stats.blocks == 3 * 64));
     assert_eq!(r.mxfp4_total.blocks, 3 * 8 * 3 * 64);
     assert_eq!(r.mxfp4_total.nan_scales, 0);
     assert_eq!(r.mxfp4_total.saturated, 0);
-    assert!(r.mxfp4_total.max_code_blocks > 0, "OCP-style scales put most block maxima on ±4 or ±6");
+    assert!(
+        r.mxfp4_total.max_code_blocks > 0,
+        "OCP-style scales put most block maxima on ±4 or ±6"
+    );
     assert!(r.flagged().is_empty());
-    assert_eq!(r.tensors.iter().filter(|t| t.name.ends_with(".weight_packed")).count(), report.quantized);
-    assert_eq!(r.params as usize, Checkpoint::open(&fixture("tiny-kimi-linear")).unwrap().total_params());
+    assert_eq!(
+        r.tensors
+            .iter()
+            .filter(|t| t.name.ends_with(".weight_packed"))
+            .count(),
+        report.quantized
+    );
+    assert_eq!(
+        r.params as usize,
+        Checkpoint::open(&fixture("tiny-kimi-linear"))
+            .unwrap()
+            .total_params()
+    );
     let text = r.render(false);
-    assert!(text.contains("model.layers.*.block_sparse_moe.experts.*.w1.weight_packed"), "{text}");
-    assert!(text.contains("no NaN scales, no saturated blocks"), "{text}");
-    assert!(r.render(true).contains("model.layers.1.block_sparse_moe.experts.7"), "every expert is listed with --all");
+    assert!(
+        text.contains("model.layers.*.block_sparse_moe.experts.*.w1.weight_packed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("no NaN scales, no saturated blocks"),
+        "{text}"
+    );
+    assert!(
+        r.render(true)
+            .contains("model.layers.1.block_sparse_moe.experts.7"),
+        "every expert is listed with --all"
+    );
 }
 
 /// Rewrites `src/model.safetensors` into `dst` with `edit` applied to each tensor's bytes.
@@ -234,10 +382,17 @@ fn rewrite(src: &Path, dst: &Path, edit: impl Fn(&str, &mut Vec<u8>)) {
         })
         .collect();
     owned.sort_by(|a, b| a.0.cmp(&b.0));
-    let views: Vec<(String, TensorView)> =
-        owned.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
     safetensors::serialize_to_file(views, None, &dst.join("model.safetensors")).unwrap();
-    for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
         std::fs::copy(src.join(f), dst.join(f)).unwrap();
     }
 }
@@ -258,13 +413,19 @@ fn inspect_flags_nan_scales_and_saturated_blocks() {
             data[7 * 16] = 0x07; // ... over a block holding +6
         }
     });
-    let InspectReport::Checkpoint(r) = inspect(&bad.0).unwrap() else { panic!("a folder is a checkpoint") };
+    let InspectReport::Checkpoint(r) = inspect(&bad.0).unwrap() else {
+        panic!("a folder is a checkpoint")
+    };
     assert_eq!(r.mxfp4_total.nan_scales, 2);
     assert_eq!(r.mxfp4_total.saturated, 1);
     let flagged = r.flagged();
     assert_eq!(flagged.len(), 1);
     assert_eq!(flagged[0].scope, target);
-    assert!(r.render(false).contains("FLAGGED: 1 experts/weights"), "{}", r.render(false));
+    assert!(
+        r.render(false).contains("FLAGGED: 1 experts/weights"),
+        "{}",
+        r.render(false)
+    );
 }
 
 #[test]
@@ -281,19 +442,26 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
         })
         .collect()
 }
 
 fn mx_bytes(m: &Matrix) -> (Vec<u8>, Vec<u8>) {
-    (m.data.bytes().to_vec(), m.scales.as_ref().unwrap().bytes().to_vec())
+    (
+        m.data.bytes().to_vec(),
+        m.scales.as_ref().unwrap().bytes().to_vec(),
+    )
 }
 
 fn write_st(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
-    let views: Vec<(String, TensorView)> =
-        tensors.iter().map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    let views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
     safetensors::serialize_to_file(views, Some(HashMap::new()), path).unwrap();
 }
 
@@ -303,7 +471,9 @@ fn reference_matmul(x: &[f32], w: &[f32], rows: usize, cols: usize) -> Vec<f64> 
     let mut out = vec![0.0; n * rows];
     for i in 0..n {
         for r in 0..rows {
-            out[i * rows + r] = (0..cols).map(|c| x[i * cols + c] as f64 * w[r * cols + c] as f64).sum();
+            out[i * rows + r] = (0..cols)
+                .map(|c| x[i * cols + c] as f64 * w[r * cols + c] as f64)
+                .sum();
         }
     }
     out
@@ -320,9 +490,12 @@ fn fused_expert_matrix_equals_per_expert_weights() {
     let mut gate_up_bf16 = Vec::new();
     let mut per_expert = Vec::new();
     for j in 0..e {
-        let gate = Matrix::quantize_mxfp4(inter, hidden, &values(inter * hidden, 10 + j as u64)).unwrap();
-        let up = Matrix::quantize_mxfp4(inter, hidden, &values(inter * hidden, 20 + j as u64)).unwrap();
-        let down = Matrix::quantize_mxfp4(hidden, inter, &values(hidden * inter, 30 + j as u64)).unwrap();
+        let gate =
+            Matrix::quantize_mxfp4(inter, hidden, &values(inter * hidden, 10 + j as u64)).unwrap();
+        let up =
+            Matrix::quantize_mxfp4(inter, hidden, &values(inter * hidden, 20 + j as u64)).unwrap();
+        let down =
+            Matrix::quantize_mxfp4(hidden, inter, &values(hidden * inter, 30 + j as u64)).unwrap();
         for m in [&gate, &up] {
             let (b, s) = mx_bytes(m);
             gate_up_blocks.extend(b);
@@ -340,33 +513,75 @@ fn fused_expert_matrix_equals_per_expert_weights() {
     write_st(
         &dir.0.join("model.safetensors"),
         &[
-            ("m.experts.gate_up_proj_blocks", Dtype::U8, vec![e, 2 * inter, hidden / 32, 16], gate_up_blocks),
-            ("m.experts.gate_up_proj_scales", Dtype::U8, vec![e, 2 * inter, hidden / 32], gate_up_scales),
-            ("m.experts.down_proj_blocks", Dtype::U8, vec![e, hidden, inter / 32, 16], down_blocks),
-            ("m.experts.down_proj_scales", Dtype::U8, vec![e, hidden, inter / 32], down_scales),
+            (
+                "m.experts.gate_up_proj_blocks",
+                Dtype::U8,
+                vec![e, 2 * inter, hidden / 32, 16],
+                gate_up_blocks,
+            ),
+            (
+                "m.experts.gate_up_proj_scales",
+                Dtype::U8,
+                vec![e, 2 * inter, hidden / 32],
+                gate_up_scales,
+            ),
+            (
+                "m.experts.down_proj_blocks",
+                Dtype::U8,
+                vec![e, hidden, inter / 32, 16],
+                down_blocks,
+            ),
+            (
+                "m.experts.down_proj_scales",
+                Dtype::U8,
+                vec![e, hidden, inter / 32],
+                down_scales,
+            ),
             // The same gate/up values as a fused bf16 tensor (MXFP4 values are exact in bf16).
-            ("f.experts.gate_up_proj", Dtype::BF16, vec![e, 2 * inter, hidden], gate_up_bf16),
+            (
+                "f.experts.gate_up_proj",
+                Dtype::BF16,
+                vec![e, 2 * inter, hidden],
+                gate_up_bf16,
+            ),
         ],
     );
     let ckpt = Checkpoint::open(&dir.0).unwrap();
     let x = values(5 * hidden, 99);
     let xi = values(5 * inter, 98);
     for (j, (gate, up, down)) in per_expert.iter().enumerate() {
-        let g = ckpt.fused_expert_matrix("m.experts.gate_up_proj", j, 0, inter, hidden).unwrap();
-        let u = ckpt.fused_expert_matrix("m.experts.gate_up_proj", j, inter, inter, hidden).unwrap();
-        let d = ckpt.fused_expert_matrix("m.experts.down_proj", j, 0, hidden, inter).unwrap();
-        let gf = ckpt.fused_expert_matrix("f.experts.gate_up_proj", j, 0, inter, hidden).unwrap();
-        let uf = ckpt.fused_expert_matrix("f.experts.gate_up_proj", j, inter, inter, hidden).unwrap();
+        let g = ckpt
+            .fused_expert_matrix("m.experts.gate_up_proj", j, 0, inter, hidden)
+            .unwrap();
+        let u = ckpt
+            .fused_expert_matrix("m.experts.gate_up_proj", j, inter, inter, hidden)
+            .unwrap();
+        let d = ckpt
+            .fused_expert_matrix("m.experts.down_proj", j, 0, hidden, inter)
+            .unwrap();
+        let gf = ckpt
+            .fused_expert_matrix("f.experts.gate_up_proj", j, 0, inter, hidden)
+            .unwrap();
+        let uf = ckpt
+            .fused_expert_matrix("f.experts.gate_up_proj", j, inter, inter, hidden)
+            .unwrap();
         assert_eq!((g.dtype, gf.dtype), (DType::Mxfp4, DType::BF16));
         // Same bytes, same kernel: bit-identical products.
         assert_eq!(g.forward(&x), gate.forward(&x), "expert {j} gate");
         assert_eq!(u.forward(&x), up.forward(&x), "expert {j} up");
         assert_eq!(d.forward(&xi), down.forward(&xi), "expert {j} down");
         // Against an f64 product of the decoded weights: f32 summation error only.
-        for (m, dense, input, rows, cols) in [(&g, gate, &x, inter, hidden), (&uf, up, &x, inter, hidden), (&gf, gate, &x, inter, hidden)] {
+        for (m, dense, input, rows, cols) in [
+            (&g, gate, &x, inter, hidden),
+            (&uf, up, &x, inter, hidden),
+            (&gf, gate, &x, inter, hidden),
+        ] {
             let want = reference_matmul(input, &dense.to_f32_vec(), rows, cols);
             for (a, b) in m.forward(input).iter().zip(&want) {
-                assert!((*a as f64 - b).abs() <= 1e-5 * (1.0 + b.abs()), "expert {j}: {a} vs {b}");
+                assert!(
+                    (*a as f64 - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "expert {j}: {a} vs {b}"
+                );
             }
         }
     }
@@ -374,14 +589,30 @@ fn fused_expert_matrix_equals_per_expert_weights() {
     let r = inspect_checkpoint(&dir.0).unwrap();
     assert_eq!(r.mxfp4.len(), e);
     for (j, x) in r.mxfp4.iter().enumerate() {
-        assert_eq!((x.scope.as_str(), x.expert, x.matrices), ("m.experts", Some(j), 2), "gate_up and down of expert {j}");
-        assert_eq!(x.stats.blocks as usize, 2 * inter * hidden / 32 + hidden * inter / 32);
+        assert_eq!(
+            (x.scope.as_str(), x.expert, x.matrices),
+            ("m.experts", Some(j), 2),
+            "gate_up and down of expert {j}"
+        );
+        assert_eq!(
+            x.stats.blocks as usize,
+            2 * inter * hidden / 32 + hidden * inter / 32
+        );
     }
-    let err = ckpt.fused_expert_matrix("m.experts.gate_up_proj", e, 0, inter, hidden).unwrap_err().to_string();
+    let err = ckpt
+        .fused_expert_matrix("m.experts.gate_up_proj", e, 0, inter, hidden)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("outside"), "{err}");
-    let err = ckpt.fused_expert_matrix("m.experts.gate_up_proj", 0, inter, inter + 1, hidden).unwrap_err().to_string();
+    let err = ckpt
+        .fused_expert_matrix("m.experts.gate_up_proj", 0, inter, inter + 1, hidden)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("outside"), "{err}");
-    let err = ckpt.fused_expert_matrix("m.experts.nothing", 0, 0, inter, hidden).unwrap_err().to_string();
+    let err = ckpt
+        .fused_expert_matrix("m.experts.nothing", 0, 0, inter, hidden)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("m.experts.nothing_blocks"), "{err}");
 }
 
@@ -394,14 +625,21 @@ fn compressed_tensors_pair_loads_as_an_mxfp4_matrix() {
     let dir = TempDir::new("ct-pair");
     write_st(
         &dir.0.join("model.safetensors"),
-        &[("a.weight_packed", Dtype::U8, vec![rows, cols / 2], b), ("a.weight_scale", Dtype::U8, vec![rows, cols / 32], s)],
+        &[
+            ("a.weight_packed", Dtype::U8, vec![rows, cols / 2], b),
+            ("a.weight_scale", Dtype::U8, vec![rows, cols / 32], s),
+        ],
     );
     let ckpt = Checkpoint::open(&dir.0).unwrap();
     assert!(!ckpt.has("a.weight") && ckpt.has_matrix("a.weight"));
     let m = ckpt.matrix("a.weight", rows, cols).unwrap();
     assert_eq!(m.dtype, DType::Mxfp4);
     assert_eq!(m.to_f32_vec(), q.to_f32_vec());
-    assert_eq!(ckpt.tensor_f32("a.weight", &[rows, cols]).unwrap(), q.to_f32_vec(), "tensor_f32 decodes the pair");
+    assert_eq!(
+        ckpt.tensor_f32("a.weight", &[rows, cols]).unwrap(),
+        q.to_f32_vec(),
+        "tensor_f32 decodes the pair"
+    );
     assert_eq!(ckpt.total_params(), rows * cols);
     let err = ckpt.matrix("a.weight", rows, 64).unwrap_err().to_string();
     assert!(err.contains("a.weight_packed"), "{err}");
@@ -417,17 +655,26 @@ fn compressed_tensors_pair_loads_as_an_mxfp4_matrix() {
 #[test]
 fn smollm2_mxfp4_perplexity_stays_near_bf16() {
     use caracal::eval::{perplexity, tokenize_like_llama_cpp, PplOptions};
-    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let gguf =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let text = Path::new("/usr/share/common-licenses/GPL-3");
     if !gguf.exists() || !text.exists() {
-        eprintln!("SKIPPED: needs {} (run tools/fetch-models.sh) and {}", gguf.display(), text.display());
+        eprintln!(
+            "SKIPPED: needs {} (run tools/fetch-models.sh) and {}",
+            gguf.display(),
+            text.display()
+        );
         return;
     }
     let bf16 = TempDir::new("smollm2-bf16");
     let mx = TempDir::new("smollm2-mxfp4");
     caracal::gguf::import_gguf(&gguf, &bf16.0, &caracal::gguf::ImportOptions::default()).unwrap();
     let report = quantize_checkpoint(&bf16.0, &mx.0, &QuantizeOptions::default()).unwrap();
-    assert_eq!(report.quantized, 30 * 7, "30 layers x (q, k, v, o, gate, up, down)");
+    assert_eq!(
+        report.quantized,
+        30 * 7,
+        "30 layers x (q, k, v, o, gate, up, down)"
+    );
     let r = inspect_checkpoint(&mx.0).unwrap();
     assert_eq!(r.mxfp4.len(), 210);
     assert_eq!((r.mxfp4_total.nan_scales, r.mxfp4_total.saturated), (0, 0));
@@ -437,9 +684,22 @@ fn smollm2_mxfp4_perplexity_stays_near_bf16() {
     for dir in [&bf16.0, &mx.0] {
         let m = LoadedModel::load(dir).unwrap();
         let (tokens, bos) = tokenize_like_llama_cpp(m.tokenizer.as_ref().unwrap(), &text).unwrap();
-        let opts = PplOptions { ctx: 512, bos, ..Default::default() };
-        ppl.push(perplexity(m.model.as_ref(), &tokens[..1024], &opts).unwrap().ppl);
+        let opts = PplOptions {
+            ctx: 512,
+            bos,
+            ..Default::default()
+        };
+        ppl.push(
+            perplexity(m.model.as_ref(), &tokens[..1024], &opts)
+                .unwrap()
+                .ppl,
+        );
     }
-    eprintln!("SmolLM2 GPL-3 first 1024 tokens, ctx 512: bf16 PPL {:.3}, MXFP4 PPL {:.3} ({:.3}x)", ppl[0], ppl[1], ppl[1] / ppl[0]);
+    eprintln!(
+        "SmolLM2 GPL-3 first 1024 tokens, ctx 512: bf16 PPL {:.3}, MXFP4 PPL {:.3} ({:.3}x)",
+        ppl[0],
+        ppl[1],
+        ppl[1] / ppl[0]
+    );
     assert!(ppl[1] / ppl[0] < 1.8, "{ppl:?}");
 }

@@ -18,7 +18,9 @@ use proptest::prelude::*;
 use tokio::sync::mpsc;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 fn model(name: &str) -> Arc<dyn CausalLm> {
@@ -49,7 +51,13 @@ async fn collect(mut rx: mpsc::Receiver<TokenEvent>) -> Done {
     while let Some(ev) = rx.recv().await {
         match ev {
             TokenEvent::Token { id } => ids.push(id),
-            TokenEvent::Finished { cache, .. } => return Done { ids, cached: cache.cached_tokens, miss: cache.miss_reason },
+            TokenEvent::Finished { cache, .. } => {
+                return Done {
+                    ids,
+                    cached: cache.cached_tokens,
+                    miss: cache.miss_reason,
+                }
+            }
             TokenEvent::Error { kind, message } => panic!("{kind}: {message}"),
         }
     }
@@ -58,19 +66,35 @@ async fn collect(mut rx: mpsc::Receiver<TokenEvent>) -> Done {
 
 fn small_pages() -> EngineConfig {
     EngineConfig {
-        scheduler: SchedulerConfig { page_size: 4, state_checkpoint_interval: 8, chunked_prefill_size: 7, ..Default::default() },
+        scheduler: SchedulerConfig {
+            page_size: 4,
+            state_checkpoint_interval: 8,
+            chunked_prefill_size: 7,
+            ..Default::default()
+        },
         kv_cache_memory: 8 << 20,
         ..Default::default()
     }
 }
 
 fn prompts() -> Vec<Vec<u32>> {
-    (0..8u32).map(|i| (0..(5 + 3 * i)).map(|j| 20 + (i * 31 + j * 7) % 400).collect()).collect()
+    (0..8u32)
+        .map(|i| {
+            (0..(5 + 3 * i))
+                .map(|j| 20 + (i * 31 + j * 7) % 400)
+                .collect()
+        })
+        .collect()
 }
 
 /// Single-sequence reference output (no runtime involved).
 fn reference(m: &dyn CausalLm, prompt: &[u32], n: usize) -> Vec<u32> {
-    let req = GenerateRequest { prompt_ids: prompt.to_vec(), max_tokens: n, sampling: SamplingParams::greedy(), stop_ids: vec![] };
+    let req = GenerateRequest {
+        prompt_ids: prompt.to_vec(),
+        max_tokens: n,
+        sampling: SamplingParams::greedy(),
+        stop_ids: vec![],
+    };
     generate(m, &req, |_| {}).unwrap().token_ids
 }
 
@@ -78,7 +102,10 @@ fn reference(m: &dyn CausalLm, prompt: &[u32], n: usize) -> Vec<u32> {
 fn concurrent_requests_get_the_tokens_of_sequential_runs() {
     for name in ["tiny-llama", "tiny-deepseek-v3", "tiny-kimi-linear"] {
         let m = model(name);
-        let want: Vec<Vec<u32>> = prompts().iter().map(|p| reference(m.as_ref(), p, 10)).collect();
+        let want: Vec<Vec<u32>> = prompts()
+            .iter()
+            .map(|p| reference(m.as_ref(), p, 10))
+            .collect();
         let got = actix::System::new().block_on(async {
             let engine = Engine::start(m.clone(), small_pages(), None);
             let mut rxs = Vec::new();
@@ -100,7 +127,14 @@ fn expert_parallel_1_2_4_give_identical_tokens() {
         for ep in [1, 2, 4] {
             let m = model(name);
             outs.push(actix::System::new().block_on(async {
-                let engine = Engine::start(m, EngineConfig { ep, ..small_pages() }, None);
+                let engine = Engine::start(
+                    m,
+                    EngineConfig {
+                        ep,
+                        ..small_pages()
+                    },
+                    None,
+                );
                 if ep > 1 {
                     assert_eq!(engine.shards.as_ref().unwrap().num_shards(), ep);
                 }
@@ -132,20 +166,43 @@ fn cached_continuation_equals_cold_run() {
         let turn1: Vec<u32> = (0..23).map(|j| 30 + (j * 13) % 300).collect();
         let (warm, cold_engine_out) = actix::System::new().block_on(async {
             let engine = Engine::start(m.clone(), small_pages(), None);
-            let first = collect(engine.submit(greedy(turn1.clone(), 9, Some("agent"))).await.unwrap()).await;
+            let first = collect(
+                engine
+                    .submit(greedy(turn1.clone(), 9, Some("agent")))
+                    .await
+                    .unwrap(),
+            )
+            .await;
             let mut turn2 = turn1.clone();
             turn2.extend(&first.ids);
             turn2.extend([41, 42, 43, 44, 45]);
-            let second = collect(engine.submit(greedy(turn2.clone(), 12, Some("agent"))).await.unwrap()).await;
+            let second = collect(
+                engine
+                    .submit(greedy(turn2.clone(), 12, Some("agent")))
+                    .await
+                    .unwrap(),
+            )
+            .await;
             let fresh = Engine::start(m.clone(), small_pages(), None);
             let cold = collect(fresh.submit(greedy(turn2.clone(), 12, None)).await.unwrap()).await;
             (second, (cold, turn2))
         });
         let (cold, turn2) = cold_engine_out;
-        assert!(warm.cached > 0, "{name}: the follow-up turn hit nothing ({})", warm.miss);
+        assert!(
+            warm.cached > 0,
+            "{name}: the follow-up turn hit nothing ({})",
+            warm.miss
+        );
         assert_eq!(cold.cached, 0);
-        assert_eq!(warm.ids, cold.ids, "{name}: cached continuation differs from a cold run");
-        assert_eq!(warm.ids, reference(m.as_ref(), &turn2, 12), "{name}: runtime differs from single-sequence generation");
+        assert_eq!(
+            warm.ids, cold.ids,
+            "{name}: cached continuation differs from a cold run"
+        );
+        assert_eq!(
+            warm.ids,
+            reference(m.as_ref(), &turn2, 12),
+            "{name}: runtime differs from single-sequence generation"
+        );
         if name == "tiny-kimi-linear" {
             // Hybrid: hits only at page-aligned snapshot boundaries.
             assert_eq!(warm.cached % 4, 0);
@@ -159,20 +216,59 @@ fn cached_continuation_equals_cold_run() {
 fn wrong_kda_snapshot_changes_the_output() {
     let m = model("tiny-kimi-linear");
     let seq: Vec<u32> = (0..24).map(|j| 30 + (j * 13) % 300).collect();
-    let mut cache = caracal_kernels::paged::KvPool::new(m.info().kv_layers, 16, 4, m.info().kv_width);
+    let mut cache =
+        caracal_kernels::paged::KvPool::new(m.info().kv_layers, 16, 4, m.info().kv_width);
     let mut right = m.new_state();
-    let run = |cache: &mut caracal_kernels::paged::KvPool, st: &mut caracal::models::SeqState, t: &[u32], mode| {
-        m.forward(cache, &mut [caracal::models::SeqBatch { tokens: t, state: st, logits: mode }]).unwrap()
+    let run = |cache: &mut caracal_kernels::paged::KvPool,
+               st: &mut caracal::models::SeqState,
+               t: &[u32],
+               mode| {
+        m.forward(
+            cache,
+            &mut [caracal::models::SeqBatch {
+                tokens: t,
+                state: st,
+                logits: mode,
+            }],
+        )
+        .unwrap()
     };
-    run(&mut cache, &mut right, &seq[..8], caracal::models::LogitsMode::None);
+    run(
+        &mut cache,
+        &mut right,
+        &seq[..8],
+        caracal::models::LogitsMode::None,
+    );
     let snap_at_8 = right.linear.clone();
-    run(&mut cache, &mut right, &seq[8..12], caracal::models::LogitsMode::None);
-    let good = run(&mut cache, &mut right.clone(), &seq[12..], caracal::models::LogitsMode::Last);
+    run(
+        &mut cache,
+        &mut right,
+        &seq[8..12],
+        caracal::models::LogitsMode::None,
+    );
+    let good = run(
+        &mut cache,
+        &mut right.clone(),
+        &seq[12..],
+        caracal::models::LogitsMode::Last,
+    );
     let mut wrong = right.clone();
     wrong.linear = snap_at_8; // KV says 12 tokens, KDA state says 8
-    let bad = run(&mut cache, &mut wrong, &seq[12..], caracal::models::LogitsMode::Last);
-    let diff = good.iter().zip(&bad).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-    assert!(diff > 1e-2, "a stale KDA state went unnoticed (max logit change {diff})");
+    let bad = run(
+        &mut cache,
+        &mut wrong,
+        &seq[12..],
+        caracal::models::LogitsMode::Last,
+    );
+    let diff = good
+        .iter()
+        .zip(&bad)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(
+        diff > 1e-2,
+        "a stale KDA state went unnoticed (max logit change {diff})"
+    );
 }
 
 #[test]
@@ -180,31 +276,59 @@ fn dropping_the_receiver_cancels_and_frees_pages() {
     let m = model("tiny-llama");
     actix::System::new().block_on(async {
         let engine = Engine::start(m, small_pages(), None);
-        let mut rx = engine.submit(greedy(vec![5, 6, 7, 8, 9], 200, None)).await.unwrap();
+        let mut rx = engine
+            .submit(greedy(vec![5, 6, 7, 8, 9], 200, None))
+            .await
+            .unwrap();
         assert!(matches!(rx.recv().await, Some(TokenEvent::Token { .. })));
         drop(rx);
         // Another request goes through afterwards; the cancelled one is gone.
-        let other = collect(engine.submit(greedy(vec![11, 12, 13], 3, None)).await.unwrap()).await;
+        let other = collect(
+            engine
+                .submit(greedy(vec![11, 12, 13], 3, None))
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(other.ids.len(), 3);
         let stats = engine.scheduler_stats().await.unwrap();
         assert_eq!(stats.running, 0);
         assert_eq!(stats.cancelled, 1);
         let mem = engine.memory_stats().await.unwrap();
-        assert_eq!(mem.free_pages + mem.cached_pages, mem.total_pages, "{mem:?}");
-        assert!(mem.cached_pages <= 1, "the cancelled sequence cached its output: {mem:?}");
+        assert_eq!(
+            mem.free_pages + mem.cached_pages,
+            mem.total_pages,
+            "{mem:?}"
+        );
+        assert!(
+            mem.cached_pages <= 1,
+            "the cancelled sequence cached its output: {mem:?}"
+        );
     });
 }
 
 #[test]
 fn full_waiting_queue_answers_overloaded() {
     let m = model("tiny-llama");
-    let cfg = SchedulerConfig { max_waiting_requests: 2, ..Default::default() };
+    let cfg = SchedulerConfig {
+        max_waiting_requests: 2,
+        ..Default::default()
+    };
     let mut s = SchedulerState::new(m, 64, cfg, None);
     let (tx, _rx) = mpsc::channel(8);
     s.enqueue(greedy(vec![1, 2], 2, None), tx.clone()).unwrap();
     s.enqueue(greedy(vec![1, 2], 2, None), tx.clone()).unwrap();
     let err = s.enqueue(greedy(vec![1, 2], 2, None), tx).unwrap_err();
-    assert!(matches!(err, SubmitError::Overloaded { waiting: 2, limit: 2 }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            SubmitError::Overloaded {
+                waiting: 2,
+                limit: 2
+            }
+        ),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("overloaded"));
 }
 
@@ -221,9 +345,16 @@ fn prompt_past_the_context_is_refused() {
 #[test]
 fn client_that_stops_reading_is_paused_not_buffered() {
     let m = model("tiny-llama");
-    let cfg = SchedulerConfig { page_size: 4, ..Default::default() };
+    let cfg = SchedulerConfig {
+        page_size: 4,
+        ..Default::default()
+    };
     let mut s = SchedulerState::new(m, 128, cfg.clone(), None);
-    let mut mem = SessionMemory::new(MemoryConfig { num_pages: 128, page_size: 4, session_ttl: std::time::Duration::from_secs(60) });
+    let mut mem = SessionMemory::new(MemoryConfig {
+        num_pages: 128,
+        page_size: 4,
+        session_ttl: std::time::Duration::from_secs(60),
+    });
     let (tx, mut rx) = mpsc::channel(3);
     s.enqueue(greedy(vec![5, 6, 7], 50, None), tx).unwrap();
     let mut ran = 0;
@@ -237,7 +368,11 @@ fn client_that_stops_reading_is_paused_not_buffered() {
         got += 1;
     }
     assert_eq!(got, 3, "exactly the credit was produced");
-    assert_eq!(s.step(&mut mem), StepOutcome::Ran, "reading resumes decoding");
+    assert_eq!(
+        s.step(&mut mem),
+        StepOutcome::Ran,
+        "reading resumes decoding"
+    );
 }
 
 proptest! {

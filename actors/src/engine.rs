@@ -102,7 +102,11 @@ pub trait CausalLm: Send + Sync {
     /// Runs the new tokens of every sequence in one batched pass, writing
     /// their KV rows into `cache` and advancing each state. Returns the
     /// requested logits rows, sequence by sequence, each `vocab_size` wide.
-    fn forward(&self, cache: &mut KvPool, batch: &mut [SeqBatch<'_>]) -> Result<Vec<f32>, EngineError>;
+    fn forward(
+        &self,
+        cache: &mut KvPool,
+        batch: &mut [SeqBatch<'_>],
+    ) -> Result<Vec<f32>, EngineError>;
 
     /// The MoE capability, for models with routed experts.
     fn as_moe(&self) -> Option<&dyn MoeModel> {
@@ -122,7 +126,13 @@ pub trait ExpertDispatch: Send + Sync {
     /// `Σ_k w_k · expert_k(x_r)` over `choices[r] = [(expert, w), ...]`,
     /// summed in `choices` order so that results do not depend on where
     /// experts run.
-    fn run(&self, moe_layer: usize, x: &[f32], hidden: usize, choices: &[Vec<(usize, f32)>]) -> Vec<f32>;
+    fn run(
+        &self,
+        moe_layer: usize,
+        x: &[f32],
+        hidden: usize,
+        choices: &[Vec<(usize, f32)>],
+    ) -> Vec<f32>;
 }
 
 /// Optional capability of MoE models: hand out experts, take a dispatcher.
@@ -135,7 +145,12 @@ pub trait MoeModel: Send + Sync {
 
 /// Computes `Σ_k w_k · expert_k(x_r)` for every row locally, grouping rows
 /// by expert so each expert runs once; sums in `choices` order.
-pub fn run_experts_local(experts: &[Arc<dyn ExpertFfn>], x: &[f32], hidden: usize, choices: &[Vec<(usize, f32)>]) -> Vec<f32> {
+pub fn run_experts_local(
+    experts: &[Arc<dyn ExpertFfn>],
+    x: &[f32],
+    hidden: usize,
+    choices: &[Vec<(usize, f32)>],
+) -> Vec<f32> {
     let outputs = expert_outputs(x, hidden, choices, |e| Some(experts[e].as_ref()));
     combine(&outputs, hidden, choices)
 }
@@ -170,12 +185,18 @@ pub fn expert_outputs<'a>(
 }
 
 /// Weighted sum of per-`(row, k)` outputs in `choices` order.
-pub fn combine(outputs: &[Vec<Option<Vec<f32>>>], hidden: usize, choices: &[Vec<(usize, f32)>]) -> Vec<f32> {
+pub fn combine(
+    outputs: &[Vec<Option<Vec<f32>>>],
+    hidden: usize,
+    choices: &[Vec<(usize, f32)>],
+) -> Vec<f32> {
     let mut y = vec![0.0; choices.len() * hidden];
     for (r, c) in choices.iter().enumerate() {
         let row = &mut y[r * hidden..(r + 1) * hidden];
         for (k, &(_, w)) in c.iter().enumerate() {
-            let o = outputs[r][k].as_ref().expect("every chosen expert produced an output");
+            let o = outputs[r][k]
+                .as_ref()
+                .expect("every chosen expert produced an output");
             for (a, b) in row.iter_mut().zip(o) {
                 *a += w * b;
             }

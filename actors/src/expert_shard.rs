@@ -80,7 +80,10 @@ pub struct ShardedExperts {
 
 /// Round-robin placement: expert `e` of every layer goes to shard `e % n`.
 pub fn round_robin(experts_per_layer: &[usize], n: usize) -> Vec<Vec<usize>> {
-    experts_per_layer.iter().map(|&e| (0..e).map(|i| i % n).collect()).collect()
+    experts_per_layer
+        .iter()
+        .map(|&e| (0..e).map(|i| i % n).collect())
+        .collect()
 }
 
 /// Greedy balanced placement: per layer, experts sorted by load (descending)
@@ -95,7 +98,9 @@ pub fn balanced(loads: &[Vec<u64>], n: usize) -> Vec<Vec<usize>> {
             let mut shard_count = vec![0usize; n];
             let mut place = vec![0; layer.len()];
             for e in order {
-                let s = (0..n).min_by_key(|&s| (shard_load[s], shard_count[s], s)).expect("n >= 1");
+                let s = (0..n)
+                    .min_by_key(|&s| (shard_load[s], shard_count[s], s))
+                    .expect("n >= 1");
                 place[e] = s;
                 shard_load[s] += layer[e];
                 shard_count[s] += 1;
@@ -117,10 +122,17 @@ impl ShardedExperts {
             .iter()
             .map(|arb| {
                 let experts = experts.clone();
-                ExpertShard::start_in_arbiter(&arb.handle(), move |_| ExpertShard { experts, counts: HashMap::new() })
+                ExpertShard::start_in_arbiter(&arb.handle(), move |_| ExpertShard {
+                    experts,
+                    counts: HashMap::new(),
+                })
             })
             .collect();
-        ShardedExperts { shards, arbiters, placement: RwLock::new(round_robin(&per_layer, n)) }
+        ShardedExperts {
+            shards,
+            arbiters,
+            placement: RwLock::new(round_robin(&per_layer, n)),
+        }
     }
 
     /// Number of shards.
@@ -130,7 +142,10 @@ impl ShardedExperts {
 
     /// The current placement map.
     pub fn placement(&self) -> Vec<Vec<usize>> {
-        self.placement.read().expect("placement lock is never poisoned").clone()
+        self.placement
+            .read()
+            .expect("placement lock is never poisoned")
+            .clone()
     }
 
     /// Selection counts `[layer][expert]`, summed over shards.
@@ -150,7 +165,10 @@ impl ShardedExperts {
     pub async fn rebalance(&self) -> Vec<Vec<usize>> {
         let loads = self.counts().await;
         let place = balanced(&loads, self.shards.len());
-        *self.placement.write().expect("placement lock is never poisoned") = place.clone();
+        *self
+            .placement
+            .write()
+            .expect("placement lock is never poisoned") = place.clone();
         place
     }
 }
@@ -164,8 +182,17 @@ impl Drop for ShardedExperts {
 }
 
 impl ExpertDispatch for ShardedExperts {
-    fn run(&self, moe_layer: usize, x: &[f32], hidden: usize, choices: &[Vec<(usize, f32)>]) -> Vec<f32> {
-        let placement = self.placement.read().expect("placement lock is never poisoned");
+    fn run(
+        &self,
+        moe_layer: usize,
+        x: &[f32],
+        hidden: usize,
+        choices: &[Vec<(usize, f32)>],
+    ) -> Vec<f32> {
+        let placement = self
+            .placement
+            .read()
+            .expect("placement lock is never poisoned");
         let owner = &placement[moe_layer];
         let n = self.shards.len();
         // Per shard: the rows it needs (compacted) and the (row, k) each item answers.
@@ -194,13 +221,24 @@ impl ExpertDispatch for ShardedExperts {
                 rows.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
             }
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
-            let msg = RunExperts { reply: tx, layer: moe_layer, hidden, rows, items: std::mem::take(&mut items[s]) };
-            self.shards[s].try_send(msg).expect("a shard has at most one request in flight per forward");
+            let msg = RunExperts {
+                reply: tx,
+                layer: moe_layer,
+                hidden,
+                rows,
+                items: std::mem::take(&mut items[s]),
+            };
+            self.shards[s]
+                .try_send(msg)
+                .expect("a shard has at most one request in flight per forward");
             waiting.push((s, rx));
         }
-        let mut outputs: Vec<Vec<Option<Vec<f32>>>> = choices.iter().map(|c| vec![None; c.len()]).collect();
+        let mut outputs: Vec<Vec<Option<Vec<f32>>>> =
+            choices.iter().map(|c| vec![None; c.len()]).collect();
         for (s, rx) in waiting {
-            let ys = rx.recv().expect("expert shard threads live as long as the engine");
+            let ys = rx
+                .recv()
+                .expect("expert shard threads live as long as the engine");
             for (&(r, k), y) in back[s].iter().zip(ys) {
                 outputs[r][k] = Some(y);
             }
@@ -217,7 +255,13 @@ mod tests {
     fn balanced_placement_evens_out_load() {
         let loads = vec![vec![100, 1, 1, 1, 50, 50]];
         let p = balanced(&loads, 2);
-        let load = |s| p[0].iter().zip(&loads[0]).filter(|(&o, _)| o == s).map(|(_, &l)| l).sum::<u64>();
+        let load = |s| {
+            p[0].iter()
+                .zip(&loads[0])
+                .filter(|(&o, _)| o == s)
+                .map(|(_, &l)| l)
+                .sum::<u64>()
+        };
         assert_eq!(load(0) + load(1), 203);
         assert!(load(0).abs_diff(load(1)) <= 1, "{} vs {}", load(0), load(1));
     }

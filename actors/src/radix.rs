@@ -963,5 +963,4 @@ mod tests {
         assert_eq!(RadixCache::new(0).err(), Some(RadixError::ZeroPageSize));
         ok(&t);
     }
-
 }

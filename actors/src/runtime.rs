@@ -17,7 +17,10 @@ use tokio::sync::mpsc;
 
 use crate::engine::{CausalLm, Detokenize};
 use crate::expert_shard::ShardedExperts;
-use crate::messages::{AdmitRequest, GetMemoryStats, GetSchedulerStats, MemoryStats, SchedulerStats, SubmitError, TokenEvent, ValidRequest};
+use crate::messages::{
+    AdmitRequest, GetMemoryStats, GetSchedulerStats, MemoryStats, SchedulerStats, SubmitError,
+    TokenEvent, ValidRequest,
+};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerState};
 use crate::session_memory::{MemoryConfig, SessionMemory, SessionMemoryActor};
 
@@ -83,9 +86,17 @@ impl Drop for ArbiterGuard {
 
 impl Engine {
     /// Starts the actors for `model`. Must be called inside a running actix `System`.
-    pub fn start(model: Arc<dyn CausalLm>, cfg: EngineConfig, detok: Option<Arc<dyn Detokenize>>) -> Engine {
+    pub fn start(
+        model: Arc<dyn CausalLm>,
+        cfg: EngineConfig,
+        detok: Option<Arc<dyn Detokenize>>,
+    ) -> Engine {
         let pages = pages_for(model.as_ref(), cfg.kv_cache_memory, cfg.scheduler.page_size);
-        let mem_cfg = MemoryConfig { num_pages: pages, page_size: cfg.scheduler.page_size, session_ttl: cfg.session_ttl };
+        let mem_cfg = MemoryConfig {
+            num_pages: pages,
+            page_size: cfg.scheduler.page_size,
+            session_ttl: cfg.session_ttl,
+        };
         let memory_arbiter = Arbiter::new();
         let memory = SessionMemoryActor::start_in_arbiter(&memory_arbiter.handle(), move |_| {
             SessionMemoryActor(SessionMemory::new(mem_cfg))
@@ -102,7 +113,8 @@ impl Engine {
         let state = SchedulerState::new(model, pages, cfg.scheduler.clone(), detok);
         let arbiter = Arbiter::new();
         let mem = memory.clone();
-        let scheduler = Scheduler::start_in_arbiter(&arbiter.handle(), move |_| Scheduler::new(state, mem));
+        let scheduler =
+            Scheduler::start_in_arbiter(&arbiter.handle(), move |_| Scheduler::new(state, mem));
         Engine {
             scheduler,
             memory,
@@ -114,9 +126,18 @@ impl Engine {
 
     /// Submits a request; its events arrive on the returned receiver.
     /// Dropping the receiver cancels the request within one step.
-    pub async fn submit(&self, request: ValidRequest) -> Result<mpsc::Receiver<TokenEvent>, SubmitError> {
+    pub async fn submit(
+        &self,
+        request: ValidRequest,
+    ) -> Result<mpsc::Receiver<TokenEvent>, SubmitError> {
         let (tx, rx) = mpsc::channel(self.credit);
-        self.scheduler.send(AdmitRequest { request, events: tx }).await.map_err(|_| SubmitError::Stopped)??;
+        self.scheduler
+            .send(AdmitRequest {
+                request,
+                events: tx,
+            })
+            .await
+            .map_err(|_| SubmitError::Stopped)??;
         Ok(rx)
     }
 

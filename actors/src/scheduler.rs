@@ -27,8 +27,9 @@ use tokio::sync::mpsc;
 
 use crate::engine::{CausalLm, Detokenize, LinearState, LogitsMode, SeqBatch, SeqState};
 use crate::messages::{
-    Admission, AdmitRequest, CacheReport, CommitSequence, FinishReason, GetSchedulerStats, MatchPrefix, MemoryError,
-    ReleaseSequence, RequestId, RunStep, SchedulerStats, SubmitError, TokenEvent, ValidRequest,
+    Admission, AdmitRequest, CacheReport, CommitSequence, FinishReason, GetSchedulerStats,
+    MatchPrefix, MemoryError, ReleaseSequence, RequestId, RunStep, SchedulerStats, SubmitError,
+    TokenEvent, ValidRequest,
 };
 use crate::radix::NodeId;
 use crate::session_memory::SessionMemory;
@@ -149,14 +150,33 @@ pub struct SchedulerState {
 impl SchedulerState {
     /// A scheduler for `model` whose KV pool has `num_pages` pages (the same
     /// page ids as session memory).
-    pub fn new(model: Arc<dyn CausalLm>, num_pages: usize, cfg: SchedulerConfig, detok: Option<Arc<dyn Detokenize>>) -> Self {
+    pub fn new(
+        model: Arc<dyn CausalLm>,
+        num_pages: usize,
+        cfg: SchedulerConfig,
+        detok: Option<Arc<dyn Detokenize>>,
+    ) -> Self {
         let info = model.info().clone();
-        let pool = KvPool::new(info.kv_layers, num_pages, cfg.page_size, info.kv_width).externally_allocated();
-        SchedulerState { model, pool, cfg, detok, waiting: VecDeque::new(), running: Vec::new(), next_id: 1, stats: SchedulerStats::default() }
+        let pool = KvPool::new(info.kv_layers, num_pages, cfg.page_size, info.kv_width)
+            .externally_allocated();
+        SchedulerState {
+            model,
+            pool,
+            cfg,
+            detok,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 1,
+            stats: SchedulerStats::default(),
+        }
     }
 
     /// Queues a request, or refuses it when the queue is full or it cannot run.
-    pub fn enqueue(&mut self, req: ValidRequest, events: mpsc::Sender<TokenEvent>) -> Result<RequestId, SubmitError> {
+    pub fn enqueue(
+        &mut self,
+        req: ValidRequest,
+        events: mpsc::Sender<TokenEvent>,
+    ) -> Result<RequestId, SubmitError> {
         let ctx = self.model.info().max_position;
         if req.prompt.is_empty() {
             return Err(SubmitError::Invalid("the prompt is empty".into()));
@@ -169,11 +189,16 @@ impl SchedulerState {
         }
         if let Some(k) = &req.cache_key {
             if k.len() != req.prompt.len() {
-                return Err(SubmitError::Invalid("cache_key must have one element per prompt token".into()));
+                return Err(SubmitError::Invalid(
+                    "cache_key must have one element per prompt token".into(),
+                ));
             }
         }
         if self.waiting.len() >= self.cfg.max_waiting_requests {
-            return Err(SubmitError::Overloaded { waiting: self.waiting.len(), limit: self.cfg.max_waiting_requests });
+            return Err(SubmitError::Overloaded {
+                waiting: self.waiting.len(),
+                limit: self.cfg.max_waiting_requests,
+            });
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -183,7 +208,11 @@ impl SchedulerState {
 
     /// Counters.
     pub fn stats(&self) -> SchedulerStats {
-        SchedulerStats { waiting: self.waiting.len(), running: self.running.len(), ..self.stats.clone() }
+        SchedulerStats {
+            waiting: self.waiting.len(),
+            running: self.running.len(),
+            ..self.stats.clone()
+        }
     }
 
     /// Whether any request is waiting or running.
@@ -196,7 +225,11 @@ impl SchedulerState {
         self.drop_cancelled(mem);
         self.admit(mem);
         if self.running.is_empty() {
-            return if self.waiting.is_empty() { StepOutcome::Idle } else { StepOutcome::Paused };
+            return if self.waiting.is_empty() {
+                StepOutcome::Idle
+            } else {
+                StepOutcome::Paused
+            };
         }
         let plan = self.plan();
         if plan.is_empty() {
@@ -214,8 +247,15 @@ impl SchedulerState {
         while i < self.running.len() {
             if self.running[i].events.is_closed() {
                 let r = self.running.swap_remove(i);
-                tracing::debug!(request = r.id, generated = r.generated.len(), "cancelled by client");
-                mem.release(ReleaseSequence { pages: r.state.block_table, node: r.node });
+                tracing::debug!(
+                    request = r.id,
+                    generated = r.generated.len(),
+                    "cancelled by client"
+                );
+                mem.release(ReleaseSequence {
+                    pages: r.state.block_table,
+                    node: r.node,
+                });
                 self.stats.cancelled += 1;
             } else {
                 i += 1;
@@ -228,9 +268,18 @@ impl SchedulerState {
     fn pick_waiting(&self) -> Option<usize> {
         let mut load: HashMap<&str, usize> = HashMap::new();
         for r in &self.running {
-            *load.entry(r.req.session.as_deref().unwrap_or("")).or_default() += 1;
+            *load
+                .entry(r.req.session.as_deref().unwrap_or(""))
+                .or_default() += 1;
         }
-        (0..self.waiting.len()).min_by_key(|&i| (load.get(self.waiting[i].req.session.as_deref().unwrap_or("")).copied().unwrap_or(0), i))
+        (0..self.waiting.len()).min_by_key(|&i| {
+            (
+                load.get(self.waiting[i].req.session.as_deref().unwrap_or(""))
+                    .copied()
+                    .unwrap_or(0),
+                i,
+            )
+        })
     }
 
     fn admit(&mut self, mem: &mut dyn MemoryPort) {
@@ -239,9 +288,18 @@ impl SchedulerState {
         while self.running.len() < self.cfg.max_running_requests {
             let Some(i) = self.pick_waiting() else { break };
             let w = &self.waiting[i];
-            let key: Vec<u64> = w.req.cache_key.clone().unwrap_or_else(|| w.req.prompt.iter().map(|&t| t as u64).collect());
+            let key: Vec<u64> = w
+                .req
+                .cache_key
+                .clone()
+                .unwrap_or_else(|| w.req.prompt.iter().map(|&t| t as u64).collect());
             let reserve = (w.req.prompt.len() + w.req.max_tokens).min(info.max_position);
-            match mem.admit(MatchPrefix { reply: None, key: key.clone(), hybrid, reserve_tokens: reserve }) {
+            match mem.admit(MatchPrefix {
+                reply: None,
+                key: key.clone(),
+                hybrid,
+                reserve_tokens: reserve,
+            }) {
                 Ok(adm) => {
                     let w = self.waiting.remove(i).expect("index from pick_waiting");
                     let mut state = self.model.new_state();
@@ -250,7 +308,11 @@ impl SchedulerState {
                     if let Some(snap) = adm.snapshot {
                         state.linear = (*snap).clone();
                     }
-                    let seed = w.req.sampling.seed.unwrap_or(w.id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                    let seed = w
+                        .req
+                        .sampling
+                        .seed
+                        .unwrap_or(w.id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
                     let cache = CacheReport {
                         prompt_tokens: w.req.prompt.len(),
                         cached_tokens: adm.cached_tokens,
@@ -332,18 +394,36 @@ impl SchedulerState {
             .map(|&(i, s, e)| {
                 let r = &self.running[i];
                 if s == usize::MAX {
-                    (i, vec![r.pending.expect("planned decode has a pending token")], LogitsMode::Last)
+                    (
+                        i,
+                        vec![r.pending.expect("planned decode has a pending token")],
+                        LogitsMode::Last,
+                    )
                 } else {
                     self.stats.prefill_tokens += (e - s) as u64;
-                    (i, r.req.prompt[s..e].to_vec(), if e == r.req.prompt.len() { LogitsMode::Last } else { LogitsMode::None })
+                    (
+                        i,
+                        r.req.prompt[s..e].to_vec(),
+                        if e == r.req.prompt.len() {
+                            LogitsMode::Last
+                        } else {
+                            LogitsMode::None
+                        },
+                    )
                 }
             })
             .collect();
         let mut slots: Vec<Option<&mut Running>> = self.running.iter_mut().map(Some).collect();
         let mut batch = Vec::with_capacity(inputs.len());
         for (i, toks, mode) in &inputs {
-            let r = slots[*i].take().expect("each sequence appears once in a plan");
-            batch.push(SeqBatch { tokens: toks, state: &mut r.state, logits: *mode });
+            let r = slots[*i]
+                .take()
+                .expect("each sequence appears once in a plan");
+            batch.push(SeqBatch {
+                tokens: toks,
+                state: &mut r.state,
+                logits: *mode,
+            });
         }
         let result = self.model.forward(&mut self.pool, &mut batch);
         drop(batch);
@@ -355,8 +435,14 @@ impl SchedulerState {
                 failed.sort_unstable_by(|a, b| b.cmp(a));
                 for i in failed {
                     let r = self.running.swap_remove(i);
-                    let _ = r.events.try_send(TokenEvent::Error { kind: "internal_error", message: e.to_string() });
-                    mem.release(ReleaseSequence { pages: r.state.block_table, node: r.node });
+                    let _ = r.events.try_send(TokenEvent::Error {
+                        kind: "internal_error",
+                        message: e.to_string(),
+                    });
+                    mem.release(ReleaseSequence {
+                        pages: r.state.block_table,
+                        node: r.node,
+                    });
                 }
                 return;
             }
@@ -399,9 +485,17 @@ impl SchedulerState {
                     let text = d.decode(&r.generated);
                     r.req.stop.strings.iter().any(|s| text.contains(s.as_str()))
                 });
-            let length = r.generated.len() >= r.req.max_tokens || r.req.prompt.len() + r.generated.len() >= max_pos;
+            let length = r.generated.len() >= r.req.max_tokens
+                || r.req.prompt.len() + r.generated.len() >= max_pos;
             if stop_id || stop_str || length {
-                finished.push((*i, if stop_id || stop_str { FinishReason::Stop } else { FinishReason::Length }));
+                finished.push((
+                    *i,
+                    if stop_id || stop_str {
+                        FinishReason::Stop
+                    } else {
+                        FinishReason::Length
+                    },
+                ));
             } else {
                 r.pending = Some(tok);
             }
@@ -409,14 +503,29 @@ impl SchedulerState {
         finished.sort_unstable_by(|a, b| b.0.cmp(&a.0));
         for (i, reason) in finished {
             let mut r = self.running.swap_remove(i);
-            tracing::debug!(request = r.id, generated = r.generated.len(), ?reason, "finished");
-            let done = TokenEvent::Finished { reason, completion_tokens: r.generated.len(), cache: r.cache.clone() };
+            tracing::debug!(
+                request = r.id,
+                generated = r.generated.len(),
+                ?reason,
+                "finished"
+            );
+            let done = TokenEvent::Finished {
+                reason,
+                completion_tokens: r.generated.len(),
+                cache: r.cache.clone(),
+            };
             let mut snapshots = std::mem::take(&mut r.snapshots);
             snapshots.extend(r.decode_snapshot.take());
             let len = r.state.len;
             r.key.truncate(len);
             // Commit before telling the client, so its next turn finds the cache.
-            mem.commit(CommitSequence { key: r.key, pages: r.state.block_table, node: r.node, session: r.req.session, snapshots });
+            mem.commit(CommitSequence {
+                key: r.key,
+                pages: r.state.block_table,
+                node: r.node,
+                session: r.req.session,
+                snapshots,
+            });
             let _ = r.events.try_send(done);
             self.stats.finished += 1;
         }
@@ -457,9 +566,15 @@ impl MemoryPort for ActorMemory {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         m.reply = Some(tx);
         if !self.push(m) {
-            return Err(MemoryError::OutOfPages { needed: need, available: 0 });
+            return Err(MemoryError::OutOfPages {
+                needed: need,
+                available: 0,
+            });
         }
-        rx.recv().unwrap_or(Err(MemoryError::OutOfPages { needed: need, available: 0 }))
+        rx.recv().unwrap_or(Err(MemoryError::OutOfPages {
+            needed: need,
+            available: 0,
+        }))
     }
     fn commit(&mut self, c: CommitSequence) {
         self.push(c);
@@ -481,8 +596,15 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Wraps a state and a memory address.
-    pub fn new(state: SchedulerState, memory: actix::Addr<crate::session_memory::SessionMemoryActor>) -> Scheduler {
-        Scheduler { state, memory: ActorMemory(memory), stepping: false }
+    pub fn new(
+        state: SchedulerState,
+        memory: actix::Addr<crate::session_memory::SessionMemoryActor>,
+    ) -> Scheduler {
+        Scheduler {
+            state,
+            memory: ActorMemory(memory),
+            stepping: false,
+        }
     }
 
     fn kick(&mut self, ctx: &mut Context<Self>) {
@@ -517,7 +639,9 @@ impl Handler<RunStep> for Scheduler {
             StepOutcome::Ran => ctx.notify(RunStep),
             StepOutcome::Paused => {
                 // Every runnable stream is waiting for its client: poll again shortly.
-                ctx.run_later(std::time::Duration::from_millis(2), |_, ctx| ctx.notify(RunStep));
+                ctx.run_later(std::time::Duration::from_millis(2), |_, ctx| {
+                    ctx.notify(RunStep)
+                });
             }
             StepOutcome::Idle => self.stepping = false,
         }

@@ -24,7 +24,8 @@ use actix::{Actor, Context, Handler};
 
 use crate::engine::LinearState;
 use crate::messages::{
-    Admission, CommitSequence, GetMemoryStats, MatchPrefix, MemoryError, MemoryStats, ReleaseSequence,
+    Admission, CommitSequence, GetMemoryStats, MatchPrefix, MemoryError, MemoryStats,
+    ReleaseSequence,
 };
 use crate::pages::PageAllocator;
 use crate::radix::{NodeId, RadixCache, SnapshotId};
@@ -94,8 +95,12 @@ impl SessionMemory {
     /// Unpins sessions idle for longer than the TTL.
     pub fn expire_pins(&mut self, now: Instant) {
         let ttl = self.cfg.session_ttl;
-        let expired: Vec<String> =
-            self.pins.iter().filter(|(_, (_, t))| now.duration_since(*t) > ttl).map(|(s, _)| s.clone()).collect();
+        let expired: Vec<String> = self
+            .pins
+            .iter()
+            .filter(|(_, (_, t))| now.duration_since(*t) > ttl)
+            .map(|(s, _)| s.clone())
+            .collect();
         for s in expired {
             if let Some((node, _)) = self.pins.remove(&s) {
                 let _ = self.radix.unlock(node);
@@ -113,15 +118,27 @@ impl SessionMemory {
             match self.radix.match_prefix_with_snapshot(usable) {
                 Some(s) => {
                     let why = if s.tokens < plain.tokens {
-                        format!("{} tokens cached but the last KDA state snapshot is at {}", plain.tokens, s.tokens)
+                        format!(
+                            "{} tokens cached but the last KDA state snapshot is at {}",
+                            plain.tokens, s.tokens
+                        )
                     } else {
                         String::new()
                     };
-                    (s.tokens, s.pages, s.node, self.snapshots.get(&s.snapshot).cloned(), why)
+                    (
+                        s.tokens,
+                        s.pages,
+                        s.node,
+                        self.snapshots.get(&s.snapshot).cloned(),
+                        why,
+                    )
                 }
                 None => {
                     let why = if plain.tokens > 0 {
-                        format!("{} tokens cached but no KDA state snapshot covers them", plain.tokens)
+                        format!(
+                            "{} tokens cached but no KDA state snapshot covers them",
+                            plain.tokens
+                        )
                     } else {
                         String::new()
                     };
@@ -140,11 +157,16 @@ impl SessionMemory {
         } else if tokens == 0 {
             "no cached prefix".into()
         } else if tokens + p > usable.len() {
-            format!("last {} tokens are not a whole cached page (page size {p})", m.key.len() - tokens)
+            format!(
+                "last {} tokens are not a whole cached page (page size {p})",
+                m.key.len() - tokens
+            )
         } else {
             format!("prefix diverges from the cache after {tokens} tokens")
         };
-        self.radix.lock(node).map_err(|e| MemoryError::Radix(e.to_string()))?;
+        self.radix
+            .lock(node)
+            .map_err(|e| MemoryError::Radix(e.to_string()))?;
         self.pages.retain(&pages);
         let total = m.reserve_tokens.max(m.key.len()).div_ceil(p);
         let needed = total.saturating_sub(pages.len());
@@ -162,7 +184,13 @@ impl SessionMemory {
         self.hit_tokens += tokens as u64;
         let mut all = pages;
         all.extend(fresh);
-        Ok(Admission { cached_tokens: tokens, pages: all, node, snapshot, miss_reason })
+        Ok(Admission {
+            cached_tokens: tokens,
+            pages: all,
+            node,
+            snapshot,
+            miss_reason,
+        })
     }
 
     /// Caches a finished sequence's whole pages and snapshots, pins its session.
@@ -186,7 +214,9 @@ impl SessionMemory {
                 }
                 if let Some(session) = c.session {
                     if self.radix.lock(res.node).is_ok() {
-                        if let Some((old, _)) = self.pins.insert(session, (res.node, Instant::now())) {
+                        if let Some((old, _)) =
+                            self.pins.insert(session, (res.node, Instant::now()))
+                        {
                             let _ = self.radix.unlock(old);
                         }
                     }
@@ -241,7 +271,10 @@ impl SessionMemory {
             ));
         }
         if let Some(p) = owned.iter().find(|&&p| self.pages.refcount(p) != 1) {
-            return Err(format!("tree page {p} has refcount {}", self.pages.refcount(*p)));
+            return Err(format!(
+                "tree page {p} has refcount {}",
+                self.pages.refcount(*p)
+            ));
         }
         if self.pins.is_empty() && self.radix.evictable_pages() != self.radix.cached_pages() {
             return Err(format!(
@@ -298,7 +331,11 @@ mod tests {
     use super::*;
 
     fn mem(pages: usize) -> SessionMemory {
-        SessionMemory::new(MemoryConfig { num_pages: pages, page_size: 4, session_ttl: Duration::from_secs(60) })
+        SessionMemory::new(MemoryConfig {
+            num_pages: pages,
+            page_size: 4,
+            session_ttl: Duration::from_secs(60),
+        })
     }
 
     fn key(n: usize) -> Vec<u64> {
@@ -308,35 +345,97 @@ mod tests {
     #[test]
     fn second_request_hits_the_committed_prefix() {
         let mut m = mem(16);
-        let a = m.admit(&MatchPrefix { reply: None, key: key(10), hybrid: false, reserve_tokens: 14 }).unwrap();
+        let a = m
+            .admit(&MatchPrefix {
+                reply: None,
+                key: key(10),
+                hybrid: false,
+                reserve_tokens: 14,
+            })
+            .unwrap();
         assert_eq!(a.cached_tokens, 0);
         assert_eq!(a.miss_reason, "cache empty");
-        m.commit(CommitSequence { key: key(13), pages: a.pages, node: a.node, session: None, snapshots: vec![] });
-        let b = m.admit(&MatchPrefix { reply: None, key: key(20), hybrid: false, reserve_tokens: 20 }).unwrap();
+        m.commit(CommitSequence {
+            key: key(13),
+            pages: a.pages,
+            node: a.node,
+            session: None,
+            snapshots: vec![],
+        });
+        let b = m
+            .admit(&MatchPrefix {
+                reply: None,
+                key: key(20),
+                hybrid: false,
+                reserve_tokens: 20,
+            })
+            .unwrap();
         assert_eq!(b.cached_tokens, 12);
-        m.release(ReleaseSequence { pages: b.pages, node: b.node });
+        m.release(ReleaseSequence {
+            pages: b.pages,
+            node: b.node,
+        });
         m.check_quiescent().unwrap();
     }
 
     #[test]
     fn hybrid_hit_needs_a_written_snapshot() {
         let mut m = mem(16);
-        let a = m.admit(&MatchPrefix { reply: None, key: key(10), hybrid: true, reserve_tokens: 12 }).unwrap();
-        let st = vec![LinearState { conv: vec![1.0], recurrent: vec![2.0] }];
-        m.commit(CommitSequence { key: key(12), pages: a.pages, node: a.node, session: None, snapshots: vec![(4, st.clone())] });
-        let b = m.admit(&MatchPrefix { reply: None, key: key(20), hybrid: true, reserve_tokens: 20 }).unwrap();
-        assert_eq!(b.cached_tokens, 4, "only the boundary with a snapshot may hit");
+        let a = m
+            .admit(&MatchPrefix {
+                reply: None,
+                key: key(10),
+                hybrid: true,
+                reserve_tokens: 12,
+            })
+            .unwrap();
+        let st = vec![LinearState {
+            conv: vec![1.0],
+            recurrent: vec![2.0],
+        }];
+        m.commit(CommitSequence {
+            key: key(12),
+            pages: a.pages,
+            node: a.node,
+            session: None,
+            snapshots: vec![(4, st.clone())],
+        });
+        let b = m
+            .admit(&MatchPrefix {
+                reply: None,
+                key: key(20),
+                hybrid: true,
+                reserve_tokens: 20,
+            })
+            .unwrap();
+        assert_eq!(
+            b.cached_tokens, 4,
+            "only the boundary with a snapshot may hit"
+        );
         assert_eq!(b.snapshot.as_deref(), Some(&st));
         assert!(b.miss_reason.contains("snapshot"), "{}", b.miss_reason);
-        m.release(ReleaseSequence { pages: b.pages, node: b.node });
+        m.release(ReleaseSequence {
+            pages: b.pages,
+            node: b.node,
+        });
         m.check_quiescent().unwrap();
     }
 
     #[test]
     fn cancelled_sequence_caches_nothing() {
         let mut m = mem(8);
-        let a = m.admit(&MatchPrefix { reply: None, key: key(8), hybrid: false, reserve_tokens: 8 }).unwrap();
-        m.release(ReleaseSequence { pages: a.pages, node: a.node });
+        let a = m
+            .admit(&MatchPrefix {
+                reply: None,
+                key: key(8),
+                hybrid: false,
+                reserve_tokens: 8,
+            })
+            .unwrap();
+        m.release(ReleaseSequence {
+            pages: a.pages,
+            node: a.node,
+        });
         assert_eq!(m.stats().cached_pages, 0);
         assert_eq!(m.stats().free_pages, 8);
     }
@@ -344,27 +443,91 @@ mod tests {
     #[test]
     fn full_pool_evicts_unpinned_prefixes_then_refuses() {
         let mut m = mem(4);
-        let a = m.admit(&MatchPrefix { reply: None, key: key(8), hybrid: false, reserve_tokens: 8 }).unwrap();
-        m.commit(CommitSequence { key: key(8), pages: a.pages, node: a.node, session: None, snapshots: vec![] });
+        let a = m
+            .admit(&MatchPrefix {
+                reply: None,
+                key: key(8),
+                hybrid: false,
+                reserve_tokens: 8,
+            })
+            .unwrap();
+        m.commit(CommitSequence {
+            key: key(8),
+            pages: a.pages,
+            node: a.node,
+            session: None,
+            snapshots: vec![],
+        });
         let other: Vec<u64> = (100..116).collect();
-        let b = m.admit(&MatchPrefix { reply: None, key: other.clone(), hybrid: false, reserve_tokens: 16 }).unwrap();
-        assert_eq!(b.pages.len(), 4, "the cached prefix was evicted to make room");
-        let err = m.admit(&MatchPrefix { reply: None, key: key(4), hybrid: false, reserve_tokens: 4 }).unwrap_err();
+        let b = m
+            .admit(&MatchPrefix {
+                reply: None,
+                key: other.clone(),
+                hybrid: false,
+                reserve_tokens: 16,
+            })
+            .unwrap();
+        assert_eq!(
+            b.pages.len(),
+            4,
+            "the cached prefix was evicted to make room"
+        );
+        let err = m
+            .admit(&MatchPrefix {
+                reply: None,
+                key: key(4),
+                hybrid: false,
+                reserve_tokens: 4,
+            })
+            .unwrap_err();
         assert!(matches!(err, MemoryError::OutOfPages { .. }));
-        m.release(ReleaseSequence { pages: b.pages, node: b.node });
+        m.release(ReleaseSequence {
+            pages: b.pages,
+            node: b.node,
+        });
         m.check_quiescent().unwrap();
     }
 
     #[test]
     fn pinned_session_survives_pressure_until_unpinned() {
         let mut m = mem(4);
-        let a = m.admit(&MatchPrefix { reply: None, key: key(8), hybrid: false, reserve_tokens: 8 }).unwrap();
-        m.commit(CommitSequence { key: key(8), pages: a.pages, node: a.node, session: Some("s1".into()), snapshots: vec![] });
+        let a = m
+            .admit(&MatchPrefix {
+                reply: None,
+                key: key(8),
+                hybrid: false,
+                reserve_tokens: 8,
+            })
+            .unwrap();
+        m.commit(CommitSequence {
+            key: key(8),
+            pages: a.pages,
+            node: a.node,
+            session: Some("s1".into()),
+            snapshots: vec![],
+        });
         let other: Vec<u64> = (100..116).collect();
-        assert!(m.admit(&MatchPrefix { reply: None, key: other.clone(), hybrid: false, reserve_tokens: 16 }).is_err());
+        assert!(m
+            .admit(&MatchPrefix {
+                reply: None,
+                key: other.clone(),
+                hybrid: false,
+                reserve_tokens: 16
+            })
+            .is_err());
         m.unpin("s1");
-        let b = m.admit(&MatchPrefix { reply: None, key: other, hybrid: false, reserve_tokens: 16 }).unwrap();
-        m.release(ReleaseSequence { pages: b.pages, node: b.node });
+        let b = m
+            .admit(&MatchPrefix {
+                reply: None,
+                key: other,
+                hybrid: false,
+                reserve_tokens: 16,
+            })
+            .unwrap();
+        m.release(ReleaseSequence {
+            pages: b.pages,
+            node: b.node,
+        });
         m.check_quiescent().unwrap();
     }
 }

@@ -201,8 +201,7 @@ impl Sim {
                 let r = &self.running[i % n];
                 let cached_pages = r.cached / self.tree.page_size();
                 if cached_pages > 0 {
-                    let prefix =
-                        r.key[..(1 + b % cached_pages) * self.tree.page_size()].to_vec();
+                    let prefix = r.key[..(1 + b % cached_pages) * self.tree.page_size()].to_vec();
                     self.snapshot(&prefix);
                 }
             }

@@ -44,10 +44,14 @@ fn bench_mxfp4(c: &mut Criterion) {
             let mut group = c.benchmark_group(format!("mxfp4_{rows}x{cols}_n{n}"));
             group.throughput(Throughput::Elements((rows * cols * n) as u64));
             group.bench_function("mxfp4_fused", |b| {
-                b.iter(|| mxfp4::matmul_mxfp4(black_box(&x), n, &blocks, &scales, rows, cols, &mut out))
+                b.iter(|| {
+                    mxfp4::matmul_mxfp4(black_box(&x), n, &blocks, &scales, rows, cols, &mut out)
+                })
             });
             group.bench_function("mxfp4_fused_q8", |b| {
-                b.iter(|| mxfp4::matmul_mxfp4_q8(black_box(&x), n, &blocks, &scales, rows, cols, &mut out))
+                b.iter(|| {
+                    mxfp4::matmul_mxfp4_q8(black_box(&x), n, &blocks, &scales, rows, cols, &mut out)
+                })
             });
             group.bench_function("bf16_gemm", |b| {
                 b.iter(|| gemm::matmul_bf16(black_box(&x), n, &bf16, rows, cols, &mut out))
@@ -84,13 +88,29 @@ fn bench_mxfp4_cold(c: &mut Criterion) {
     group.bench_function("mxfp4_fused", |b| {
         b.iter(|| {
             k = (k + 1) % packed.len();
-            mxfp4::matmul_mxfp4(black_box(&x), n, &packed[k][0], &packed[k][1], rows, cols, &mut out)
+            mxfp4::matmul_mxfp4(
+                black_box(&x),
+                n,
+                &packed[k][0],
+                &packed[k][1],
+                rows,
+                cols,
+                &mut out,
+            )
         })
     });
     group.bench_function("mxfp4_fused_q8", |b| {
         b.iter(|| {
             k = (k + 1) % packed.len();
-            mxfp4::matmul_mxfp4_q8(black_box(&x), n, &packed[k][0], &packed[k][1], rows, cols, &mut out)
+            mxfp4::matmul_mxfp4_q8(
+                black_box(&x),
+                n,
+                &packed[k][0],
+                &packed[k][1],
+                rows,
+                cols,
+                &mut out,
+            )
         })
     });
     group.bench_function("bf16_gemm", |b| {

@@ -141,21 +141,34 @@ pub fn paged_attention(
 
     // One task per (query, KV head): the `group` query heads that share a KV
     // head read each cached K/V row once. Their outputs are contiguous.
-    let job = GroupJob { q, pool, layer, block_table, start_pos, shape, scale, qw, k_width };
+    let job = GroupJob {
+        q,
+        pool,
+        layer,
+        block_table,
+        start_pos,
+        shape,
+        scale,
+        qw,
+        k_width,
+    };
     #[cfg(target_arch = "x86_64")]
-    let wide = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    let wide =
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
     #[cfg(not(target_arch = "x86_64"))]
     let wide = false;
-    out.par_chunks_mut(group * shape.v_dim).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
-        #[cfg(target_arch = "x86_64")]
-        if wide {
-            // SAFETY: AVX2 and FMA were detected at run time.
-            unsafe { attend_group_avx2(&job, idx, scores, o) };
-            return;
-        }
-        let _ = wide;
-        attend_group(&job, idx, scores, o);
-    });
+    out.par_chunks_mut(group * shape.v_dim)
+        .enumerate()
+        .for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
+            #[cfg(target_arch = "x86_64")]
+            if wide {
+                // SAFETY: AVX2 and FMA were detected at run time.
+                unsafe { attend_group_avx2(&job, idx, scores, o) };
+                return;
+            }
+            let _ = wide;
+            attend_group(&job, idx, scores, o);
+        });
 }
 
 /// Everything one (query, KV head) task reads.

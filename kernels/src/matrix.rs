@@ -54,7 +54,11 @@ impl Storage {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.as_mut_ptr() as *mut u8, bytes.len())
         };
         let len = bytes.len();
-        Storage { owner: Arc::new(AlignedBuf(buf, len)), offset: 0, len }
+        Storage {
+            owner: Arc::new(AlignedBuf(buf, len)),
+            offset: 0,
+            len,
+        }
     }
 
     /// Owns a copy of an f32 slice.
@@ -91,13 +95,23 @@ impl std::fmt::Debug for Storage {
 
 fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {
     // SAFETY: plain-old-data slice viewed as bytes.
-    unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
+    unsafe {
+        std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values))
+    }
 }
 
 fn cast_slice<T: Copy>(bytes: &[u8]) -> &[T] {
     let size = std::mem::size_of::<T>();
-    assert_eq!(bytes.len() % size, 0, "byte length is not a multiple of the element size");
-    assert_eq!(bytes.as_ptr() as usize % std::mem::align_of::<T>(), 0, "storage is aligned at construction");
+    assert_eq!(
+        bytes.len() % size,
+        0,
+        "byte length is not a multiple of the element size"
+    );
+    assert_eq!(
+        bytes.as_ptr() as usize % std::mem::align_of::<T>(),
+        0,
+        "storage is aligned at construction"
+    );
     // SAFETY: length and alignment checked above; T is plain old data (f32/u16).
     unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, bytes.len() / size) }
 }
@@ -124,57 +138,112 @@ impl Matrix {
             DType::F32 => 4,
             DType::BF16 | DType::F16 => 2,
             DType::Mxfp4 => {
-                return Err(Error::DType { op: "Matrix::new (use Matrix::mxfp4)", dtype: dtype.to_string() });
+                return Err(Error::DType {
+                    op: "Matrix::new (use Matrix::mxfp4)",
+                    dtype: dtype.to_string(),
+                });
             }
         };
         if data.bytes().len() != rows * cols * elem {
             return Err(Error::Shape {
                 op: "Matrix::new",
-                detail: format!("[{rows}, {cols}] {dtype} needs {} bytes, got {}", rows * cols * elem, data.bytes().len()),
+                detail: format!(
+                    "[{rows}, {cols}] {dtype} needs {} bytes, got {}",
+                    rows * cols * elem,
+                    data.bytes().len()
+                ),
             });
         }
-        Ok(Matrix { rows, cols, dtype, data, scales: None })
+        Ok(Matrix {
+            rows,
+            cols,
+            dtype,
+            data,
+            scales: None,
+        })
     }
 
     /// An MXFP4 matrix from packed blocks `[rows, cols/32, 16]` and E8M0
     /// scales `[rows, cols/32]` (cols must be a multiple of 32).
     pub fn mxfp4(rows: usize, cols: usize, blocks: Storage, scales: Storage) -> Result<Matrix> {
-        crate::mxfp4::check_layout("Matrix::mxfp4", blocks.bytes().len(), scales.bytes().len(), rows, cols)?;
-        Ok(Matrix { rows, cols, dtype: DType::Mxfp4, data: blocks, scales: Some(scales) })
+        crate::mxfp4::check_layout(
+            "Matrix::mxfp4",
+            blocks.bytes().len(),
+            scales.bytes().len(),
+            rows,
+            cols,
+        )?;
+        Ok(Matrix {
+            rows,
+            cols,
+            dtype: DType::Mxfp4,
+            data: blocks,
+            scales: Some(scales),
+        })
     }
 
     /// Quantises an f32 matrix to MXFP4.
     pub fn quantize_mxfp4(rows: usize, cols: usize, values: &[f32]) -> Result<Matrix> {
         let (blocks, scales) = crate::mxfp4::quantize(values, rows, cols)?;
-        Matrix::mxfp4(rows, cols, Storage::from_bytes(&blocks), Storage::from_bytes(&scales))
+        Matrix::mxfp4(
+            rows,
+            cols,
+            Storage::from_bytes(&blocks),
+            Storage::from_bytes(&scales),
+        )
     }
 
     fn mx_scales(&self) -> &[u8] {
-        self.scales.as_ref().expect("MXFP4 matrices are built with scales").bytes()
+        self.scales
+            .as_ref()
+            .expect("MXFP4 matrices are built with scales")
+            .bytes()
     }
 
     /// An f32 matrix that owns a copy of `values`.
     pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Matrix {
-        Matrix::new(rows, cols, DType::F32, Storage::from_f32(values)).expect("caller passes rows*cols values")
+        Matrix::new(rows, cols, DType::F32, Storage::from_f32(values))
+            .expect("caller passes rows*cols values")
     }
 
     /// A bf16 matrix that owns a copy of `bits`.
     pub fn from_bf16(rows: usize, cols: usize, bits: &[u16]) -> Matrix {
-        Matrix::new(rows, cols, DType::BF16, Storage::from_u16(bits)).expect("caller passes rows*cols values")
+        Matrix::new(rows, cols, DType::BF16, Storage::from_u16(bits))
+            .expect("caller passes rows*cols values")
     }
 
     /// `out[n, rows] = x[n, cols] · selfᵀ`, where `n = x.len() / cols`.
     pub fn matmul(&self, x: &[f32], out: &mut [f32]) {
         let n = x.len() / self.cols;
-        assert_eq!(x.len(), n * self.cols, "matmul: input is not a whole number of rows");
-        assert_eq!(out.len(), n * self.rows, "matmul: output has the wrong size");
+        assert_eq!(
+            x.len(),
+            n * self.cols,
+            "matmul: input is not a whole number of rows"
+        );
+        assert_eq!(
+            out.len(),
+            n * self.rows,
+            "matmul: output has the wrong size"
+        );
         match self.dtype {
-            DType::F32 => crate::gemm::matmul_f32(x, n, self.data.as_f32(), self.rows, self.cols, out),
-            DType::BF16 => crate::gemm::matmul_bf16(x, n, self.data.as_u16(), self.rows, self.cols, out),
-            DType::F16 => crate::gemm::matmul_f16(x, n, self.data.as_u16(), self.rows, self.cols, out),
-            DType::Mxfp4 => {
-                crate::mxfp4::matmul_mxfp4(x, n, self.data.bytes(), self.mx_scales(), self.rows, self.cols, out)
+            DType::F32 => {
+                crate::gemm::matmul_f32(x, n, self.data.as_f32(), self.rows, self.cols, out)
             }
+            DType::BF16 => {
+                crate::gemm::matmul_bf16(x, n, self.data.as_u16(), self.rows, self.cols, out)
+            }
+            DType::F16 => {
+                crate::gemm::matmul_f16(x, n, self.data.as_u16(), self.rows, self.cols, out)
+            }
+            DType::Mxfp4 => crate::mxfp4::matmul_mxfp4(
+                x,
+                n,
+                self.data.bytes(),
+                self.mx_scales(),
+                self.rows,
+                self.cols,
+                out,
+            ),
         }
     }
 
@@ -188,7 +257,11 @@ impl Matrix {
 
     /// Row `r` widened to f32 (used for embedding lookups).
     pub fn row_f32(&self, r: usize, out: &mut [f32]) {
-        assert_eq!(out.len(), self.cols, "row_f32: output length must equal cols");
+        assert_eq!(
+            out.len(),
+            self.cols,
+            "row_f32: output length must equal cols"
+        );
         let range = r * self.cols..(r + 1) * self.cols;
         match self.dtype {
             DType::F32 => out.copy_from_slice(&self.data.as_f32()[range]),
@@ -204,9 +277,11 @@ impl Matrix {
             }
             DType::Mxfp4 => {
                 let nb = self.cols / crate::mxfp4::BLOCK_ELEMS;
-                let blocks = &self.data.bytes()[r * nb * crate::mxfp4::BLOCK_BYTES..(r + 1) * nb * crate::mxfp4::BLOCK_BYTES];
+                let blocks = &self.data.bytes()
+                    [r * nb * crate::mxfp4::BLOCK_BYTES..(r + 1) * nb * crate::mxfp4::BLOCK_BYTES];
                 let scales = &self.mx_scales()[r * nb..(r + 1) * nb];
-                let vals = crate::mxfp4::dequantize(blocks, scales, 1, self.cols).expect("row layout checked at construction");
+                let vals = crate::mxfp4::dequantize(blocks, scales, 1, self.cols)
+                    .expect("row layout checked at construction");
                 out.copy_from_slice(&vals);
             }
         }
@@ -234,7 +309,9 @@ mod tests {
     #[test]
     fn mxfp4_matrix_matmul_equals_dense_matmul_of_its_decoded_values() {
         let (rows, cols) = (5, 64);
-        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+            .collect();
         let q = Matrix::quantize_mxfp4(rows, cols, &w).unwrap();
         let dense = Matrix::from_f32(rows, cols, &q.to_f32_vec());
         let x: Vec<f32> = (0..2 * cols).map(|i| (i as f32 * 0.1).sin()).collect();

@@ -50,8 +50,9 @@ pub const E8M0_NAN: u8 = 0xFF;
 pub const ZERO_BLOCK_SCALE: u8 = 127;
 
 /// E2M1 code → value. Codes 8–15 carry the sign bit (8 is −0.0).
-pub const E2M1_VALUES: [f32; 16] =
-    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+pub const E2M1_VALUES: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
 
 /// E2M1 values doubled (all integers), as int8: the lookup of the int8 kernel.
 const E2M1_X2_I8: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
@@ -87,9 +88,18 @@ pub fn e8m0_to_f32(e: u8) -> f32 {
 }
 
 /// Checks that `blocks` and `scales` hold a packed `[rows, cols]` matrix.
-pub fn check_layout(op: &'static str, blocks_len: usize, scales_len: usize, rows: usize, cols: usize) -> Result<()> {
+pub fn check_layout(
+    op: &'static str,
+    blocks_len: usize,
+    scales_len: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
     if !cols.is_multiple_of(BLOCK_ELEMS) {
-        return Err(Error::Shape { op, detail: format!("cols must be a multiple of {BLOCK_ELEMS}, got {cols}") });
+        return Err(Error::Shape {
+            op,
+            detail: format!("cols must be a multiple of {BLOCK_ELEMS}, got {cols}"),
+        });
     }
     let nb = rows * (cols / BLOCK_ELEMS);
     if blocks_len != nb * BLOCK_BYTES || scales_len != nb {
@@ -122,7 +132,11 @@ pub fn decode_block(block: &[u8; BLOCK_BYTES], scale: u8, out: &mut [f32; BLOCK_
 pub fn dequantize(blocks: &[u8], scales: &[u8], rows: usize, cols: usize) -> Result<Vec<f32>> {
     check_layout("mxfp4::dequantize", blocks.len(), scales.len(), rows, cols)?;
     let mut out = vec![0.0; rows * cols];
-    for ((o, b), &s) in out.chunks_exact_mut(BLOCK_ELEMS).zip(blocks.chunks_exact(BLOCK_BYTES)).zip(scales) {
+    for ((o, b), &s) in out
+        .chunks_exact_mut(BLOCK_ELEMS)
+        .zip(blocks.chunks_exact(BLOCK_BYTES))
+        .zip(scales)
+    {
         decode_block(
             b.try_into().expect("chunks_exact yields whole blocks"),
             s,
@@ -133,7 +147,7 @@ pub fn dequantize(blocks: &[u8], scales: &[u8], rows: usize, cols: usize) -> Res
 }
 
 /// `floor(log2(a))` for a finite `a > 0`, exact for subnormals too.
-fn floor_log2(a: f32) -> i32 {
+pub fn floor_log2(a: f32) -> i32 {
     let bits = a.to_bits() & 0x7FFF_FFFF;
     let biased = (bits >> 23) as i32;
     if biased > 0 {
@@ -145,7 +159,7 @@ fn floor_log2(a: f32) -> i32 {
 
 /// Nearest E2M1 code to `v` (already divided by the block scale): ties go to
 /// the even code, magnitudes above 6 saturate to ±6, the sign is kept (−0 → 8).
-fn e2m1_code(v: f32) -> u8 {
+pub fn e2m1_code(v: f32) -> u8 {
     // Midpoints between consecutive magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6.
     const MID: [f32; 7] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
     let m = v.abs();
@@ -174,7 +188,11 @@ pub fn quantize_block(x: &[f32; BLOCK_ELEMS]) -> ([u8; BLOCK_BYTES], u8) {
         return ([0; BLOCK_BYTES], E8M0_NAN);
     }
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let exp = if amax == 0.0 { 0 } else { (floor_log2(amax) - 2).clamp(-127, 127) };
+    let exp = if amax == 0.0 {
+        0
+    } else {
+        (floor_log2(amax) - 2).clamp(-127, 127)
+    };
     // 2^-exp with exp in [-127, 125] (finite amax < 2^128) is a normal f32.
     let inv = f32::from_bits(((127 - exp) as u32) << 23);
     let mut out = [0u8; BLOCK_BYTES];
@@ -190,10 +208,20 @@ pub fn quantize_block(x: &[f32; BLOCK_ELEMS]) -> ([u8; BLOCK_BYTES], u8) {
 pub fn quantize(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<u8>, Vec<u8>)> {
     let op = "mxfp4::quantize";
     if !cols.is_multiple_of(BLOCK_ELEMS) {
-        return Err(Error::Shape { op, detail: format!("cols must be a multiple of {BLOCK_ELEMS}, got {cols}") });
+        return Err(Error::Shape {
+            op,
+            detail: format!("cols must be a multiple of {BLOCK_ELEMS}, got {cols}"),
+        });
     }
     if w.len() != rows * cols {
-        return Err(Error::Shape { op, detail: format!("[{rows}, {cols}] needs {} values, got {}", rows * cols, w.len()) });
+        return Err(Error::Shape {
+            op,
+            detail: format!(
+                "[{rows}, {cols}] needs {} values, got {}",
+                rows * cols,
+                w.len()
+            ),
+        });
     }
     let nb = w.len() / BLOCK_ELEMS;
     let mut blocks = Vec::with_capacity(nb * BLOCK_BYTES);
@@ -214,8 +242,26 @@ pub fn quantize(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<u8>, Vec<u8>
 /// # Panics
 /// If the packed layout does not match `[rows, cols]` (see [`check_layout`]) or
 /// `x`/`out` are not `n` rows long.
-pub fn matmul_mxfp4(x: &[f32], n: usize, blocks: &[u8], scales: &[u8], rows: usize, cols: usize, out: &mut [f32]) {
-    matmul_exact(Isa::detect(), slice_blocks(n, 4 * BLOCK_ELEMS, 1), x, n, blocks, scales, rows, cols, out);
+pub fn matmul_mxfp4(
+    x: &[f32],
+    n: usize,
+    blocks: &[u8],
+    scales: &[u8],
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+) {
+    matmul_exact(
+        Isa::detect(),
+        slice_blocks(n, 4 * BLOCK_ELEMS, 1),
+        x,
+        n,
+        blocks,
+        scales,
+        rows,
+        cols,
+        out,
+    );
 }
 
 /// [`matmul_mxfp4`] with activations rounded to int8 per 32-element block
@@ -230,11 +276,28 @@ pub fn matmul_mxfp4(x: &[f32], n: usize, blocks: &[u8], scales: &[u8], rows: usi
 ///
 /// # Panics
 /// As [`matmul_mxfp4`].
-pub fn matmul_mxfp4_q8(x: &[f32], n: usize, blocks: &[u8], scales: &[u8], rows: usize, cols: usize, out: &mut [f32]) {
+pub fn matmul_mxfp4_q8(
+    x: &[f32],
+    n: usize,
+    blocks: &[u8],
+    scales: &[u8],
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+) {
     if !q8_available() {
         return matmul_mxfp4(x, n, blocks, scales, rows, cols, out);
     }
-    matmul_q8(slice_blocks(n, 36, 4), x, n, blocks, scales, rows, cols, out);
+    matmul_q8(
+        slice_blocks(n, 36, 4),
+        x,
+        n,
+        blocks,
+        scales,
+        rows,
+        cols,
+        out,
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -297,7 +360,15 @@ impl OutPtr {
 }
 
 /// Panics unless the arguments describe `out[n, rows] = x[n, cols] · Wᵀ`.
-fn check_args(x: &[f32], n: usize, blocks: &[u8], scales: &[u8], rows: usize, cols: usize, out: &[f32]) {
+fn check_args(
+    x: &[f32],
+    n: usize,
+    blocks: &[u8],
+    scales: &[u8],
+    rows: usize,
+    cols: usize,
+    out: &[f32],
+) {
     if let Err(e) = check_layout("matmul_mxfp4", blocks.len(), scales.len(), rows, cols) {
         panic!("{e}");
     }
@@ -316,13 +387,18 @@ fn for_row_ranges(rows: usize, row_bytes: usize, f: impl Fn(usize, usize) + Sync
         // No hand-off to the pool: waking a worker costs more than a small GEMV.
         return f(0, rows);
     }
-    (0..tasks).into_par_iter().for_each(|t| f(t * chunk, ((t + 1) * chunk).min(rows)));
+    (0..tasks)
+        .into_par_iter()
+        .for_each(|t| f(t * chunk, ((t + 1) * chunk).min(rows)));
 }
 
 /// Copies `x` reordering each 32-element block to `[even elements, odd elements]`.
 fn permute_blocks(x: &[f32]) -> Vec<f32> {
     let mut out = vec![0.0; x.len()];
-    for (o, b) in out.chunks_exact_mut(BLOCK_ELEMS).zip(x.chunks_exact(BLOCK_ELEMS)) {
+    for (o, b) in out
+        .chunks_exact_mut(BLOCK_ELEMS)
+        .zip(x.chunks_exact(BLOCK_ELEMS))
+    {
         for j in 0..BLOCK_ELEMS / 2 {
             o[j] = b[2 * j];
             o[16 + j] = b[2 * j + 1];
@@ -348,7 +424,17 @@ fn slice_blocks(n: usize, block_bytes: usize, unit: usize) -> usize {
 
 /// The exact product with a chosen kernel and K-slice length (in blocks).
 #[allow(clippy::too_many_arguments)]
-fn matmul_exact(isa: Isa, slice: usize, x: &[f32], n: usize, blocks: &[u8], scales: &[u8], rows: usize, cols: usize, out: &mut [f32]) {
+fn matmul_exact(
+    isa: Isa,
+    slice: usize,
+    x: &[f32],
+    n: usize,
+    blocks: &[u8],
+    scales: &[u8],
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+) {
     check_args(x, n, blocks, scales, rows, cols, out);
     if n == 0 || rows == 0 {
         return;
@@ -359,15 +445,35 @@ fn matmul_exact(isa: Isa, slice: usize, x: &[f32], n: usize, blocks: &[u8], scal
     }
     let xp = permute_blocks(x);
     let kernel = ExactKernel { isa, xp: &xp, cols };
-    Gemv { kernel, n, cols, rows, slice: slice.max(1), out: OutPtr(out.as_mut_ptr()) }.run(blocks, scales);
+    Gemv {
+        kernel,
+        n,
+        cols,
+        rows,
+        slice: slice.max(1),
+        out: OutPtr(out.as_mut_ptr()),
+    }
+    .run(blocks, scales);
 }
 
 /// The int8-activation product with a K-slice length (in blocks, a multiple of 4).
 /// Only called when [`q8_available`].
 #[allow(clippy::too_many_arguments)]
-fn matmul_q8(slice: usize, x: &[f32], n: usize, blocks: &[u8], scales: &[u8], rows: usize, cols: usize, out: &mut [f32]) {
+fn matmul_q8(
+    slice: usize,
+    x: &[f32],
+    n: usize,
+    blocks: &[u8],
+    scales: &[u8],
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+) {
     check_args(x, n, blocks, scales, rows, cols, out);
-    assert!(slice.is_multiple_of(4) && slice > 0, "matmul_q8: slices are whole groups of 4 blocks");
+    assert!(
+        slice.is_multiple_of(4) && slice > 0,
+        "matmul_q8: slices are whole groups of 4 blocks"
+    );
     if n == 0 || rows == 0 {
         return;
     }
@@ -378,11 +484,27 @@ fn matmul_q8(slice: usize, x: &[f32], n: usize, blocks: &[u8], scales: &[u8], ro
     let ng = (cols / BLOCK_ELEMS).div_ceil(4);
     let mut xq = vec![128u8; n * ng * 128];
     let mut dx = vec![0.0f32; n * ng * 4];
-    for ((xi, q), d) in x.chunks_exact(cols).zip(xq.chunks_exact_mut(ng * 128)).zip(dx.chunks_exact_mut(ng * 4)) {
+    for ((xi, q), d) in x
+        .chunks_exact(cols)
+        .zip(xq.chunks_exact_mut(ng * 128))
+        .zip(dx.chunks_exact_mut(ng * 4))
+    {
         quantize_activations_q8(xi, q, d);
     }
-    let kernel = Q8Kernel { xq: &xq, dx: &dx, ng };
-    Gemv { kernel, n, cols, rows, slice, out: OutPtr(out.as_mut_ptr()) }.run(blocks, scales);
+    let kernel = Q8Kernel {
+        xq: &xq,
+        dx: &dx,
+        ng,
+    };
+    Gemv {
+        kernel,
+        n,
+        cols,
+        rows,
+        slice,
+        out: OutPtr(out.as_mut_ptr()),
+    }
+    .run(blocks, scales);
 }
 
 /// Packed bytes and scales of one weight row (or of a slice of its blocks).
@@ -392,7 +514,13 @@ type Row<'a> = (&'a [u8], &'a [u8]);
 /// rows prepared once per call.
 trait DotKernel: Sync {
     /// `y[m][i] = w_m · x_(i0+i)` over blocks `kb0..kb1` (the span of `w`).
-    fn dot<const MW: usize, const NX: usize>(&self, w: [Row<'_>; MW], i0: usize, kb0: usize, kb1: usize) -> [[f32; NX]; MW];
+    fn dot<const MW: usize, const NX: usize>(
+        &self,
+        w: [Row<'_>; MW],
+        i0: usize,
+        kb0: usize,
+        kb1: usize,
+    ) -> [[f32; NX]; MW];
 }
 
 /// [`matmul_mxfp4`]'s kernel: f32 activations with permuted blocks.
@@ -406,8 +534,17 @@ struct ExactKernel<'a> {
 }
 
 impl DotKernel for ExactKernel<'_> {
-    fn dot<const MW: usize, const NX: usize>(&self, w: [Row<'_>; MW], i0: usize, kb0: usize, kb1: usize) -> [[f32; NX]; MW] {
-        let xs = std::array::from_fn(|i| &self.xp[(i0 + i) * self.cols + kb0 * BLOCK_ELEMS..(i0 + i) * self.cols + kb1 * BLOCK_ELEMS]);
+    fn dot<const MW: usize, const NX: usize>(
+        &self,
+        w: [Row<'_>; MW],
+        i0: usize,
+        kb0: usize,
+        kb1: usize,
+    ) -> [[f32; NX]; MW] {
+        let xs = std::array::from_fn(|i| {
+            &self.xp
+                [(i0 + i) * self.cols + kb0 * BLOCK_ELEMS..(i0 + i) * self.cols + kb1 * BLOCK_ELEMS]
+        });
         rows_dot::<MW, NX>(self.isa, w, xs)
     }
 }
@@ -423,12 +560,21 @@ struct Q8Kernel<'a> {
 }
 
 impl DotKernel for Q8Kernel<'_> {
-    fn dot<const MW: usize, const NX: usize>(&self, w: [Row<'_>; MW], i0: usize, kb0: usize, kb1: usize) -> [[f32; NX]; MW] {
+    fn dot<const MW: usize, const NX: usize>(
+        &self,
+        w: [Row<'_>; MW],
+        i0: usize,
+        kb0: usize,
+        kb1: usize,
+    ) -> [[f32; NX]; MW] {
         // Slices start on a group boundary; only the last one may end inside a group.
         let (g0, g1) = (kb0 / 4, kb1.div_ceil(4));
         let xs = std::array::from_fn(|i| {
             let row = (i0 + i) * self.ng;
-            (&self.xq[(row + g0) * 128..(row + g1) * 128], &self.dx[(row + g0) * 4..(row + g1) * 4])
+            (
+                &self.xq[(row + g0) * 128..(row + g1) * 128],
+                &self.dx[(row + g0) * 4..(row + g1) * 4],
+            )
         });
         q8_dot::<MW, NX>(w, xs)
     }
@@ -455,7 +601,9 @@ impl<K: DotKernel> Gemv<K> {
     /// Computes the whole product, split over the rayon pool by weight rows.
     fn run(&self, blocks: &[u8], scales: &[u8]) {
         let nb = self.cols / BLOCK_ELEMS;
-        for_row_ranges(self.rows, nb * (BLOCK_BYTES + 1), |r0, r1| self.rows(blocks, scales, r0, r1));
+        for_row_ranges(self.rows, nb * (BLOCK_BYTES + 1), |r0, r1| {
+            self.rows(blocks, scales, r0, r1)
+        });
     }
 
     /// Computes output columns `r0..r1`.
@@ -464,7 +612,10 @@ impl<K: DotKernel> Gemv<K> {
         for kb0 in (0..nb).step_by(self.slice) {
             let kb1 = (kb0 + self.slice).min(nb);
             let row = |r: usize| -> Row<'_> {
-                (&blocks[(r * nb + kb0) * BLOCK_BYTES..(r * nb + kb1) * BLOCK_BYTES], &scales[r * nb + kb0..r * nb + kb1])
+                (
+                    &blocks[(r * nb + kb0) * BLOCK_BYTES..(r * nb + kb1) * BLOCK_BYTES],
+                    &scales[r * nb + kb0..r * nb + kb1],
+                )
             };
             let mut r = r0;
             while r < r1 {
@@ -490,9 +641,15 @@ impl<K: DotKernel> Gemv<K> {
             let mut put = |t: &[[f32; 4]]| y.iter_mut().zip(t).for_each(|(d, s)| *d = *s);
             match take {
                 4 => put(&k.dot::<MW, 4>(w, i, kb0, kb1)),
-                3 => put(&k.dot::<MW, 3>(w, i, kb0, kb1).map(|a| [a[0], a[1], a[2], 0.0])),
-                2 => put(&k.dot::<MW, 2>(w, i, kb0, kb1).map(|a| [a[0], a[1], 0.0, 0.0])),
-                _ => put(&k.dot::<MW, 1>(w, i, kb0, kb1).map(|a| [a[0], 0.0, 0.0, 0.0])),
+                3 => put(&k
+                    .dot::<MW, 3>(w, i, kb0, kb1)
+                    .map(|a| [a[0], a[1], a[2], 0.0])),
+                2 => put(&k
+                    .dot::<MW, 2>(w, i, kb0, kb1)
+                    .map(|a| [a[0], a[1], 0.0, 0.0])),
+                _ => put(&k
+                    .dot::<MW, 1>(w, i, kb0, kb1)
+                    .map(|a| [a[0], 0.0, 0.0, 0.0])),
             }
             for (m, ym) in y.iter().enumerate() {
                 for (kx, &v) in ym[..take].iter().enumerate() {
@@ -511,10 +668,21 @@ impl<K: DotKernel> Gemv<K> {
 
 /// Dot products of `MW` packed weight rows with `NX` permuted activation rows:
 /// `y[m][i] = w_m · x_i`.
-fn rows_dot<const MW: usize, const NX: usize>(isa: Isa, w: [Row<'_>; MW], xs: [&[f32]; NX]) -> [[f32; NX]; MW] {
+fn rows_dot<const MW: usize, const NX: usize>(
+    isa: Isa,
+    w: [Row<'_>; MW],
+    xs: [&[f32]; NX],
+) -> [[f32; NX]; MW] {
     for (wb, ws) in w {
-        assert_eq!(wb.len(), ws.len() * BLOCK_BYTES, "rows_dot: one scale per block");
-        assert!(xs.iter().all(|x| x.len() == ws.len() * BLOCK_ELEMS), "rows_dot: activations span the row");
+        assert_eq!(
+            wb.len(),
+            ws.len() * BLOCK_BYTES,
+            "rows_dot: one scale per block"
+        );
+        assert!(
+            xs.iter().all(|x| x.len() == ws.len() * BLOCK_ELEMS),
+            "rows_dot: activations span the row"
+        );
     }
     match isa {
         // SAFETY: Avx512/Avx2 are only chosen when the CPU has them (Isa::detect,
@@ -534,7 +702,10 @@ fn row_dot_scalar<const NX: usize>(wb: &[u8], ws: &[u8], xs: [&[f32]; NX]) -> [f
     for (b, (blk, &e)) in wb.chunks_exact(BLOCK_BYTES).zip(ws).enumerate() {
         let mut t = [0.0f32; NX];
         for (j, &byte) in blk.iter().enumerate() {
-            let (lo, hi) = (E2M1_VALUES[(byte & 0xF) as usize], E2M1_VALUES[(byte >> 4) as usize]);
+            let (lo, hi) = (
+                E2M1_VALUES[(byte & 0xF) as usize],
+                E2M1_VALUES[(byte >> 4) as usize],
+            );
             for (ti, x) in t.iter_mut().zip(&xs) {
                 *ti += lo * x[32 * b + j] + hi * x[32 * b + 16 + j];
             }
@@ -568,12 +739,22 @@ fn quantize_activations_q8(x: &[f32], xq: &mut [u8], dx: &mut [f32]) {
 }
 
 /// Int8 dot products of `MW` packed rows with `NX` quantised activation rows.
-fn q8_dot<const MW: usize, const NX: usize>(w: [Row<'_>; MW], xs: [(&[u8], &[f32]); NX]) -> [[f32; NX]; MW] {
+fn q8_dot<const MW: usize, const NX: usize>(
+    w: [Row<'_>; MW],
+    xs: [(&[u8], &[f32]); NX],
+) -> [[f32; NX]; MW] {
     let ng = w[0].1.len().div_ceil(4);
     for (wb, ws) in w {
-        assert!(wb.len() == ws.len() * BLOCK_BYTES && ws.len().div_ceil(4) == ng, "q8_dot: one scale per block");
+        assert!(
+            wb.len() == ws.len() * BLOCK_BYTES && ws.len().div_ceil(4) == ng,
+            "q8_dot: one scale per block"
+        );
     }
-    assert!(xs.iter().all(|(q, d)| q.len() == ng * 128 && d.len() == ng * 4), "q8_dot: activations span the row");
+    assert!(
+        xs.iter()
+            .all(|(q, d)| q.len() == ng * 128 && d.len() == ng * 4),
+        "q8_dot: activations span the row"
+    );
     #[cfg(target_arch = "x86_64")]
     {
         assert!(q8_available(), "q8_dot: needs AVX-512 VNNI");
@@ -619,7 +800,9 @@ mod x86 {
                     prefetch(wb.as_ptr().wrapping_add(b * BLOCK_BYTES + PREFETCH_BYTES));
                 }
                 // SAFETY: every weight row has 16·nb bytes (asserted by the caller).
-                let v = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(wb.as_ptr().add(b * BLOCK_BYTES).cast()) });
+                let v = _mm512_cvtepu8_epi32(unsafe {
+                    _mm_loadu_si128(wb.as_ptr().add(b * BLOCK_BYTES).cast())
+                });
                 let table = _mm512_mul_ps(lut, _mm512_set1_ps(E8M0_TABLE[ws[b] as usize]));
                 we[m] = _mm512_permutexvar_ps(v, table);
                 wo[m] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), table);
@@ -674,7 +857,11 @@ mod x86 {
 
     /// AVX2+FMA single-row `rows_dot`: one block per step, two accumulators per row.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn row_dot_avx2<const NX: usize>(wb: &[u8], ws: &[u8], xs: [&[f32]; NX]) -> [f32; NX] {
+    pub(super) unsafe fn row_dot_avx2<const NX: usize>(
+        wb: &[u8],
+        ws: &[u8],
+        xs: [&[f32]; NX],
+    ) -> [f32; NX] {
         let lut8 = unsafe { _mm256_loadu_ps(E2M1_VALUES.as_ptr()) };
         let m4 = _mm256_set1_epi32(0xF);
         let mut acc = [[_mm256_setzero_ps(); 2]; NX];
@@ -682,7 +869,10 @@ mod x86 {
             // SAFETY: wb has 16·nb bytes, each xs row 32·nb floats (asserted by the caller).
             let (v0, v1) = unsafe {
                 let p = wb.as_ptr().add(b * BLOCK_BYTES);
-                (_mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast())), _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8).cast())))
+                (
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast())),
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8).cast())),
+                )
             };
             let s = _mm256_set1_ps(E8M0_TABLE[e as usize]);
             // Elements 0,2..14 | 16,18..30 | 1,3..15 | 17,19..31: the permuted x order.
@@ -729,10 +919,22 @@ mod x86 {
         let zero = _mm512_setzero_si512();
         // pshufb pattern: in 128-bit lane k every dword takes byte k, zero-extended.
         let sidx = _mm512_set_epi32(
-            0x8080_8003u32 as i32, 0x8080_8003u32 as i32, 0x8080_8003u32 as i32, 0x8080_8003u32 as i32,
-            0x8080_8002u32 as i32, 0x8080_8002u32 as i32, 0x8080_8002u32 as i32, 0x8080_8002u32 as i32,
-            0x8080_8001u32 as i32, 0x8080_8001u32 as i32, 0x8080_8001u32 as i32, 0x8080_8001u32 as i32,
-            0x8080_8000u32 as i32, 0x8080_8000u32 as i32, 0x8080_8000u32 as i32, 0x8080_8000u32 as i32,
+            0x8080_8003u32 as i32,
+            0x8080_8003u32 as i32,
+            0x8080_8003u32 as i32,
+            0x8080_8003u32 as i32,
+            0x8080_8002u32 as i32,
+            0x8080_8002u32 as i32,
+            0x8080_8002u32 as i32,
+            0x8080_8002u32 as i32,
+            0x8080_8001u32 as i32,
+            0x8080_8001u32 as i32,
+            0x8080_8001u32 as i32,
+            0x8080_8001u32 as i32,
+            0x8080_8000u32 as i32,
+            0x8080_8000u32 as i32,
+            0x8080_8000u32 as i32,
+            0x8080_8000u32 as i32,
         );
         let lane4 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
         let mut acc = [[_mm512_setzero_ps(); NX]; MW];
@@ -753,11 +955,18 @@ mod x86 {
                     }
                     u32::from_le_bytes(e)
                 };
-                prefetch(wb.as_ptr().wrapping_add(g * 4 * BLOCK_BYTES + PREFETCH_BYTES));
+                prefetch(
+                    wb.as_ptr()
+                        .wrapping_add(g * 4 * BLOCK_BYTES + PREFETCH_BYTES),
+                );
                 // SAFETY: the masked load reads only the 16·k bytes of blocks 4g..4g+k.
                 let wv = unsafe {
                     let p = wb.as_ptr().add(g * 4 * BLOCK_BYTES);
-                    if k == 4 { _mm512_loadu_si512(p.cast()) } else { _mm512_maskz_loadu_epi8((1u64 << (16 * k)) - 1, p.cast()) }
+                    if k == 4 {
+                        _mm512_loadu_si512(p.cast())
+                    } else {
+                        _mm512_maskz_loadu_epi8((1u64 << (16 * k)) - 1, p.cast())
+                    }
                 };
                 wl[m] = _mm512_shuffle_epi8(lut, _mm512_and_si512(wv, m4));
                 wh[m] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4));
@@ -766,9 +975,21 @@ mod x86 {
                 let e = _mm512_shuffle_epi8(_mm512_set1_epi32(e4 as i32), sidx);
                 let mut sbits = _mm512_slli_epi32::<23>(e);
                 // Bytes 0 (2^-127, subnormal) and 255 (NaN) do not follow e << 23.
-                if _mm512_cmpge_epu32_mask(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), _mm512_set1_epi32(254)) != 0 {
-                    sbits = _mm512_mask_mov_epi32(sbits, _mm512_cmpeq_epi32_mask(e, zero), _mm512_set1_epi32(0x0040_0000));
-                    sbits = _mm512_mask_mov_epi32(sbits, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)), _mm512_set1_epi32(0x7FC0_0000));
+                if _mm512_cmpge_epu32_mask(
+                    _mm512_sub_epi32(e, _mm512_set1_epi32(1)),
+                    _mm512_set1_epi32(254),
+                ) != 0
+                {
+                    sbits = _mm512_mask_mov_epi32(
+                        sbits,
+                        _mm512_cmpeq_epi32_mask(e, zero),
+                        _mm512_set1_epi32(0x0040_0000),
+                    );
+                    sbits = _mm512_mask_mov_epi32(
+                        sbits,
+                        _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)),
+                        _mm512_set1_epi32(0x7FC0_0000),
+                    );
                 }
                 wscale[m] = _mm512_castsi512_ps(sbits);
             }
@@ -783,8 +1004,13 @@ mod x86 {
                 };
                 let dv = _mm512_permutexvar_ps(lane4, dv);
                 for m in 0..MW {
-                    let dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(base[m], xe, wl[m]), xo, wh[m]);
-                    acc[m][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wscale[m], dv), acc[m][i]);
+                    let dot =
+                        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(base[m], xe, wl[m]), xo, wh[m]);
+                    acc[m][i] = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(dot),
+                        _mm512_mul_ps(wscale[m], dv),
+                        acc[m][i],
+                    );
                 }
             }
         }
@@ -799,380 +1025,5 @@ mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Deterministic xorshift generator (no `rand` dependency).
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        /// Uniform in [-1, 1).
-        fn f32(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        }
-    }
-
-    /// Random packed matrix with scale bytes around 2^0 (120..=130).
-    fn random_packed(rng: &mut Rng, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
-        let nb = rows * cols / 32;
-        let blocks = (0..nb * 16).map(|_| rng.next() as u8).collect();
-        let scales = (0..nb).map(|_| 120 + (rng.next() % 11) as u8).collect();
-        (blocks, scales)
-    }
-
-    /// f64 reference product from the plain decoder, and Σ|w·x| per output.
-    fn reference(x: &[f32], n: usize, w: &[f32], rows: usize, cols: usize) -> (Vec<f64>, Vec<f64>) {
-        let (mut y, mut mag) = (vec![0.0; n * rows], vec![0.0; n * rows]);
-        for i in 0..n {
-            for r in 0..rows {
-                for k in 0..cols {
-                    let p = x[i * cols + k] as f64 * w[r * cols + k] as f64;
-                    y[i * rows + r] += p;
-                    mag[i * rows + r] += p.abs();
-                }
-            }
-        }
-        (y, mag)
-    }
-
-    /// Kernels this CPU can run.
-    fn available_isas() -> Vec<Isa> {
-        let mut v = vec![Isa::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                v.push(Isa::Avx2);
-            }
-            if is_x86_feature_detected!("avx512f") {
-                v.push(Isa::Avx512);
-            }
-        }
-        v
-    }
-
-    const SHAPES: [(usize, usize); 5] = [(1, 32), (7, 96), (37, 544), (130, 64), (19, 160)];
-    const NS: [usize; 4] = [1, 2, 5, 17];
-
-    #[test]
-    fn e2m1_table_is_the_ocp_value_list() {
-        let pos = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
-        for c in 0..8 {
-            assert_eq!(E2M1_VALUES[c], pos[c]);
-            assert_eq!(E2M1_VALUES[c + 8], -pos[c]);
-            assert!(E2M1_VALUES[c + 8].is_sign_negative(), "code {} carries the sign bit", c + 8);
-            assert_eq!(E2M1_X2_I8[c] as f32, 2.0 * pos[c]);
-            assert_eq!(E2M1_X2_I8[c + 8] as f32, -2.0 * pos[c]);
-        }
-    }
-
-    #[test]
-    fn e8m0_decodes_powers_of_two_and_ff_to_nan() {
-        for e in 0..=254u8 {
-            assert_eq!(e8m0_to_f32(e) as f64, 2f64.powi(e as i32 - 127), "byte {e}");
-        }
-        assert_eq!(e8m0_to_f32(127), 1.0);
-        assert!(e8m0_to_f32(0xFF).is_nan());
-    }
-
-    #[test]
-    fn decode_block_puts_low_nibble_first() {
-        let mut block = [0u8; 16];
-        block[0] = 0x71; // element 0 = code 1 (0.5), element 1 = code 7 (6)
-        block[15] = 0xF8; // element 30 = code 8 (-0), element 31 = code 15 (-6)
-        let mut out = [1.0f32; 32];
-        decode_block(&block, 128, &mut out); // scale 2
-        assert_eq!((out[0], out[1]), (1.0, 12.0));
-        assert!(out[30] == 0.0 && out[30].is_sign_negative());
-        assert_eq!(out[31], -12.0);
-        assert!(out[2..30].iter().all(|&v| v == 0.0));
-    }
-
-    #[test]
-    fn nan_scale_decodes_whole_block_to_nan() {
-        let mut out = [0.0f32; 32];
-        decode_block(&[0u8; 16], E8M0_NAN, &mut out);
-        assert!(out.iter().all(|v| v.is_nan()));
-        let w = dequantize(&[0x21; 32], &[127, E8M0_NAN], 1, 64).expect("valid layout");
-        assert!(w[..32].iter().all(|v| v.is_finite()) && w[32..].iter().all(|v| v.is_nan()));
-    }
-
-    #[test]
-    fn every_code_round_trips_at_every_scale() {
-        // Element 0 holds code 7 (6.0), so the block's amax pins the exponent.
-        // Scales 253 and 254 are left out: 4·2^126 and above overflow f32 to ∞.
-        for scale in 0..=252u8 {
-            for code in 0..16u8 {
-                let mut block = [0u8; 16];
-                block[0] = 0x07 | (code << 4);
-                block[9] = code | (code << 4);
-                let mut vals = [0.0f32; 32];
-                decode_block(&block, scale, &mut vals);
-                assert_eq!(quantize_block(&vals), (block, scale), "scale {scale} code {code}");
-            }
-        }
-    }
-
-    #[test]
-    fn quantize_of_decoded_block_is_identity_when_max_code_is_4_or_6() {
-        let mut rng = Rng(7);
-        for _ in 0..5000 {
-            let mut block: [u8; 16] = std::array::from_fn(|_| rng.next() as u8);
-            let big = [6u8, 7, 14, 15][(rng.next() % 4) as usize];
-            let pos = (rng.next() % 32) as usize;
-            block[pos / 2] = if pos.is_multiple_of(2) { (block[pos / 2] & 0xF0) | big } else { (block[pos / 2] & 0x0F) | (big << 4) };
-            let scale = (rng.next() % 253) as u8; // 0..=252: decoded values stay finite
-            let mut vals = [0.0f32; 32];
-            decode_block(&block, scale, &mut vals);
-            assert_eq!(quantize_block(&vals), (block, scale));
-        }
-    }
-
-    #[test]
-    fn quantize_error_is_within_half_a_grid_step_or_saturates() {
-        let mut rng = Rng(11);
-        for _ in 0..3000 {
-            let mag = 2f32.powi((rng.next() % 40) as i32 - 20);
-            let x: [f32; 32] = std::array::from_fn(|_| rng.f32() * mag);
-            let (b, s) = quantize_block(&x);
-            let mut q = [0.0f32; 32];
-            decode_block(&b, s, &mut q);
-            let step = e8m0_to_f32(s);
-            let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            assert!((4.0..8.0).contains(&(amax / step)), "exponent puts amax in [4, 8) steps");
-            for (&xi, &qi) in x.iter().zip(&q) {
-                let m = xi.abs() / step;
-                if m > 6.0 {
-                    assert_eq!(qi, 6.0 * step * xi.signum(), "saturates to ±6·scale");
-                } else {
-                    let half_gap = if m <= 2.0 { 0.25 } else if m <= 4.0 { 0.5 } else { 1.0 };
-                    assert!((xi - qi).abs() <= half_gap * step, "x {xi} q {qi} step {step}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn quantize_saturates_values_between_6_and_8_steps() {
-        let mut x = [0.0f32; 32];
-        x[0] = 7.9;
-        x[1] = -6.9;
-        x[2] = 4.0;
-        let (b, s) = quantize_block(&x);
-        assert_eq!(s, 127, "floor(log2 7.9) - 2 = 0");
-        let mut q = [0.0f32; 32];
-        decode_block(&b, s, &mut q);
-        assert_eq!(&q[..3], &[6.0, -6.0, 4.0]);
-    }
-
-    #[test]
-    fn quantize_ties_round_to_the_even_code() {
-        let mids = [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
-        let expect = [0.0f32, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0];
-        let mut x = [0.0f32; 32];
-        x[31] = 4.0; // pins the scale to 2^0
-        for (i, &m) in mids.iter().enumerate() {
-            x[2 * i] = m;
-            x[2 * i + 1] = -m;
-        }
-        let (b, s) = quantize_block(&x);
-        assert_eq!(s, 127);
-        let mut q = [0.0f32; 32];
-        decode_block(&b, s, &mut q);
-        for (i, &e) in expect.iter().enumerate() {
-            assert_eq!((q[2 * i], q[2 * i + 1]), (e, -e), "tie at {}", mids[i]);
-        }
-    }
-
-    #[test]
-    fn zero_block_gets_scale_127_and_non_finite_block_gets_nan_scale() {
-        let (b, s) = quantize_block(&[0.0; 32]);
-        assert_eq!((b, s), ([0; 16], ZERO_BLOCK_SCALE));
-        let mut x = [1.0f32; 32];
-        x[3] = f32::NAN;
-        assert_eq!(quantize_block(&x).1, E8M0_NAN);
-        x[3] = f32::INFINITY;
-        assert_eq!(quantize_block(&x).1, E8M0_NAN);
-        let tiny = [f32::from_bits(1); 32]; // 2^-149 clamps the exponent to -127
-        let (b, s) = quantize_block(&tiny);
-        assert_eq!((b, s), ([0; 16], 0), "rounds to zero codes at the smallest scale");
-    }
-
-    #[test]
-    fn shapes_that_are_not_whole_blocks_are_rejected() {
-        assert!(matches!(quantize(&[0.0; 40], 1, 40), Err(Error::Shape { .. })));
-        assert!(matches!(quantize(&[0.0; 64], 1, 32), Err(Error::Shape { .. })));
-        assert!(matches!(dequantize(&[0; 20], &[0; 1], 1, 40), Err(Error::Shape { .. })));
-        assert!(matches!(dequantize(&[0; 16], &[0; 2], 1, 32), Err(Error::Shape { .. })));
-        let (b, s) = quantize(&[1.0; 64], 2, 32).expect("whole blocks");
-        assert_eq!((b.len(), s.len()), (32, 2));
-    }
-
-    /// Checks `y` against the f64 reference with `|Δ| ≤ cols·2⁻²³·Σ|w·x| + 1e-30`.
-    fn assert_close(y: &[f32], reference: &(Vec<f64>, Vec<f64>), cols: usize, what: &str) {
-        for (k, (&v, (&r, &m))) in y.iter().zip(reference.0.iter().zip(&reference.1)).enumerate() {
-            let tol = cols as f64 * f32::EPSILON as f64 * m + 1e-30;
-            assert!((v as f64 - r).abs() <= tol, "{what}: out[{k}] = {v}, want {r} ± {tol}");
-        }
-    }
-
-    #[test]
-    fn every_exact_kernel_matches_f64_reference_on_odd_shapes() {
-        let mut rng = Rng(3);
-        for &(rows, cols) in &SHAPES {
-            let (blocks, scales) = random_packed(&mut rng, rows, cols);
-            let w = dequantize(&blocks, &scales, rows, cols).expect("valid layout");
-            for &n in &NS {
-                let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
-                let want = reference(&x, n, &w, rows, cols);
-                for isa in available_isas() {
-                    for slice in [1, 4, slice_blocks(n, 128, 1)] {
-                        let mut y = vec![f32::NAN; n * rows];
-                        matmul_exact(isa, slice, &x, n, &blocks, &scales, rows, cols, &mut y);
-                        assert_close(&y, &want, cols, &format!("{isa:?} slice {slice} [{rows}x{cols}] n {n}"));
-                    }
-                }
-                let mut y = vec![f32::NAN; n * rows];
-                matmul_mxfp4(&x, n, &blocks, &scales, rows, cols, &mut y);
-                assert_close(&y, &want, cols, "matmul_mxfp4");
-            }
-        }
-    }
-
-    #[test]
-    fn k_sliced_products_match_reference() {
-        let mut rng = Rng(5);
-        let (rows, cols, n) = (5, 4160, 33); // 130 blocks
-        let (blocks, scales) = random_packed(&mut rng, rows, cols);
-        let w = dequantize(&blocks, &scales, rows, cols).expect("valid layout");
-        let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
-        let want = reference(&x, n, &w, rows, cols);
-        for slice in [7, 64, 130, slice_blocks(n, 128, 1)] {
-            let mut y = vec![f32::NAN; n * rows];
-            matmul_exact(Isa::detect(), slice, &x, n, &blocks, &scales, rows, cols, &mut y);
-            assert_close(&y, &want, cols, &format!("exact, slice {slice}"));
-        }
-        if q8_available() {
-            let mut whole = vec![f32::NAN; n * rows];
-            matmul_q8(132, &x, n, &blocks, &scales, rows, cols, &mut whole);
-            for slice in [4, 8, 128] {
-                let mut y = vec![f32::NAN; n * rows];
-                matmul_q8(slice, &x, n, &blocks, &scales, rows, cols, &mut y);
-                // Same integer sums, only the f32 summation order differs.
-                for (k, (&a, &b)) in y.iter().zip(&whole).enumerate() {
-                    let tol = cols as f64 * f32::EPSILON as f64 * want.1[k];
-                    assert!(((a - b) as f64).abs() <= tol, "q8 slice {slice}: out[{k}] {a} vs {b}");
-                }
-            }
-        }
-    }
-
-    /// The int8 scheme in plain scalar code: per block `Σ q·(2w)` in i64, times `(d/2)·s`.
-    fn q8_scalar(x: &[f32], w_blocks: &[u8], scales: &[u8]) -> f64 {
-        let mut y = 0.0f64;
-        for (b, xb) in x.chunks_exact(32).enumerate() {
-            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-            let mut dot = 0i64;
-            for j in 0..16 {
-                let byte = w_blocks[(b * 16) + j];
-                let q = |v: f32| (v * inv).round().clamp(-127.0, 127.0) as i64;
-                dot += q(xb[2 * j]) * E2M1_X2_I8[(byte & 15) as usize] as i64;
-                dot += q(xb[2 * j + 1]) * E2M1_X2_I8[(byte >> 4) as usize] as i64;
-            }
-            y += dot as f64 * ((amax / 127.0 * 0.5) * e8m0_to_f32(scales[b])) as f64;
-        }
-        y
-    }
-
-    #[test]
-    fn q8_kernel_matches_scalar_int8_model_and_stays_within_its_bound() {
-        let mut rng = Rng(9);
-        for &(rows, cols) in &SHAPES {
-            let (blocks, scales) = random_packed(&mut rng, rows, cols);
-            let w = dequantize(&blocks, &scales, rows, cols).expect("valid layout");
-            let nb = cols / 32;
-            for &n in &NS {
-                let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() * 3.0).collect();
-                let (want, mag) = reference(&x, n, &w, rows, cols);
-                let mut y = vec![f32::NAN; n * rows];
-                matmul_mxfp4_q8(&x, n, &blocks, &scales, rows, cols, &mut y);
-                // Typical size: relative RMS error 0.3–0.7% on these uniform
-                // activations (~1.1% when blocks hold 20× outliers); asserted < 1%.
-                let err2: f64 = y.iter().zip(&want).map(|(&a, &b)| (a as f64 - b).powi(2)).sum();
-                let ref2: f64 = want.iter().map(|b| b * b).sum();
-                let rel_rms = (err2 / ref2).sqrt();
-                assert!(rel_rms < 0.01, "[{rows}x{cols}] n {n}: relative RMS {rel_rms}");
-                for i in 0..n {
-                    for r in 0..rows {
-                        let xi = &x[i * cols..(i + 1) * cols];
-                        // Bound: Σ|w|·d/2 per block (d = amax/127), plus f32 summation.
-                        let mut bound = cols as f64 * f32::EPSILON as f64 * mag[i * rows + r] + 1e-30;
-                        for (b, xb) in xi.chunks_exact(32).enumerate() {
-                            let d = xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
-                            let wsum: f64 = w[r * cols + 32 * b..r * cols + 32 * b + 32].iter().map(|v| v.abs() as f64).sum();
-                            bound += wsum * d * 0.5 * (1.0 + 2f64.powi(-20));
-                        }
-                        let got = y[i * rows + r] as f64;
-                        let k = i * rows + r;
-                        assert!((got - want[k]).abs() <= bound, "[{rows}x{cols}] n {n} out[{k}] {got} vs {} ± {bound}", want[k]);
-                        if q8_available() {
-                            let model = q8_scalar(xi, &blocks[r * nb * 16..(r + 1) * nb * 16], &scales[r * nb..(r + 1) * nb]);
-                            let tol = 1e-5 * mag[k] + 1e-30;
-                            assert!((got - model).abs() <= tol, "int8 model {model} vs kernel {got}");
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn nan_scale_block_makes_only_its_rows_nan_in_every_kernel() {
-        let mut rng = Rng(13);
-        let (rows, cols) = (9, 160);
-        let (blocks, mut scales) = random_packed(&mut rng, rows, cols);
-        scales[3 * 5 + 4] = E8M0_NAN; // row 3, last block (a tail group in the int8 kernel)
-        scales[7 * 5] = 0; // row 7, the subnormal scale 2^-127 stays finite
-        for n in [1, 5, 17] {
-            let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
-            let mut runs: Vec<(String, Vec<f32>)> = Vec::new();
-            for isa in available_isas() {
-                for slice in [2, slice_blocks(n, 128, 1)] {
-                    let mut y = vec![0.0; n * rows];
-                    matmul_exact(isa, slice, &x, n, &blocks, &scales, rows, cols, &mut y);
-                    runs.push((format!("{isa:?} slice {slice}"), y));
-                }
-            }
-            let mut y = vec![0.0; n * rows];
-            matmul_mxfp4_q8(&x, n, &blocks, &scales, rows, cols, &mut y);
-            runs.push(("q8".into(), y));
-            if q8_available() {
-                let mut y = vec![0.0; n * rows];
-                matmul_q8(4, &x, n, &blocks, &scales, rows, cols, &mut y);
-                runs.push(("q8 slice 4".into(), y));
-            }
-            for (what, y) in runs {
-                for i in 0..n {
-                    for r in 0..rows {
-                        assert_eq!(y[i * rows + r].is_nan(), r == 3, "{what}: n {n} out[{i}, {r}]");
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn empty_products_leave_output_untouched_or_zero() {
-        let mut out: Vec<f32> = vec![];
-        matmul_mxfp4(&[], 0, &[0; 16], &[127], 1, 32, &mut out);
-        let mut out = vec![1.0f32; 3];
-        matmul_mxfp4(&[], 3, &[], &[], 1, 0, &mut out);
-        assert_eq!(out, vec![0.0; 3]);
-    }
-}
+#[path = "mxfp4_tests.rs"]
+mod tests;

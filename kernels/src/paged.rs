@@ -33,7 +33,9 @@ impl KvPool {
         KvPool {
             page_size,
             width,
-            layers: (0..layers).map(|_| vec![0.0; num_pages * page_size * width]).collect(),
+            layers: (0..layers)
+                .map(|_| vec![0.0; num_pages * page_size * width])
+                .collect(),
             free: (0..num_pages as u32).rev().collect(),
             num_pages,
         }
@@ -64,7 +66,9 @@ impl KvPool {
 
     /// Takes one free page.
     pub fn alloc(&mut self) -> Result<u32> {
-        self.free.pop().ok_or(Error::OutOfPages { needed: 1, free: 0 })
+        self.free
+            .pop()
+            .ok_or(Error::OutOfPages { needed: 1, free: 0 })
     }
 
     /// Returns a page to the free list.
@@ -75,9 +79,14 @@ impl KvPool {
 
     /// Grows `block_table` until it covers `tokens` positions.
     pub fn ensure_capacity(&mut self, block_table: &mut Vec<u32>, tokens: usize) -> Result<()> {
-        let needed = tokens.div_ceil(self.page_size).saturating_sub(block_table.len());
+        let needed = tokens
+            .div_ceil(self.page_size)
+            .saturating_sub(block_table.len());
         if needed > self.free.len() {
-            return Err(Error::OutOfPages { needed, free: self.free.len() });
+            return Err(Error::OutOfPages {
+                needed,
+                free: self.free.len(),
+            });
         }
         for _ in 0..needed {
             block_table.push(self.alloc()?);

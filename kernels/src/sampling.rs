@@ -47,7 +47,10 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Greedy decoding.
     pub fn greedy() -> SamplingParams {
-        SamplingParams { temperature: 0.0, ..SamplingParams::default() }
+        SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        }
     }
 }
 
@@ -68,12 +71,17 @@ impl Rng {
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             z ^ (z >> 31)
         };
-        Rng { s: [next(), next(), next(), next()] }
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
     }
 
     /// A generator seeded from the clock.
     pub fn from_clock() -> Rng {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
         Rng::new(t)
     }
 
@@ -105,7 +113,11 @@ pub fn apply_penalties(logits: &mut [f32], prompt: &[u32], generated: &[u32], p:
         seen.dedup();
         for t in seen {
             if let Some(l) = logits.get_mut(t as usize) {
-                *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                *l = if *l > 0.0 {
+                    *l / p.repetition_penalty
+                } else {
+                    *l * p.repetition_penalty
+                };
             }
         }
     }
@@ -139,7 +151,9 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
         return argmax(logits) as u32;
     }
     // Candidates sorted by logit, descending (ties by lower id).
-    let mut idx: Vec<usize> = (0..logits.len()).filter(|&i| logits[i].is_finite()).collect();
+    let mut idx: Vec<usize> = (0..logits.len())
+        .filter(|&i| logits[i].is_finite())
+        .collect();
     if idx.is_empty() {
         return argmax(logits) as u32;
     }
@@ -149,7 +163,10 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
     }
     let inv_t = 1.0 / p.temperature as f64;
     let max = logits[idx[0]] as f64;
-    let mut probs: Vec<f64> = idx.iter().map(|&i| ((logits[i] as f64 - max) * inv_t).exp()).collect();
+    let mut probs: Vec<f64> = idx
+        .iter()
+        .map(|&i| ((logits[i] as f64 - max) * inv_t).exp())
+        .collect();
     let total: f64 = probs.iter().sum();
     for q in probs.iter_mut() {
         *q /= total;
@@ -187,22 +204,39 @@ mod tests {
     #[test]
     fn temperature_zero_is_argmax() {
         let mut rng = Rng::new(1);
-        assert_eq!(sample(&[0.1, 3.0, 2.9], &SamplingParams::greedy(), &mut rng), 1);
+        assert_eq!(
+            sample(&[0.1, 3.0, 2.9], &SamplingParams::greedy(), &mut rng),
+            1
+        );
     }
 
     #[test]
     fn same_seed_gives_same_tokens() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
-        let p = SamplingParams { temperature: 0.8, seed: Some(7), ..Default::default() };
-        let a: Vec<u32> = { let mut r = Rng::new(7); (0..20).map(|_| sample(&logits, &p, &mut r)).collect() };
-        let b: Vec<u32> = { let mut r = Rng::new(7); (0..20).map(|_| sample(&logits, &p, &mut r)).collect() };
+        let p = SamplingParams {
+            temperature: 0.8,
+            seed: Some(7),
+            ..Default::default()
+        };
+        let a: Vec<u32> = {
+            let mut r = Rng::new(7);
+            (0..20).map(|_| sample(&logits, &p, &mut r)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut r = Rng::new(7);
+            (0..20).map(|_| sample(&logits, &p, &mut r)).collect()
+        };
         assert_eq!(a, b);
     }
 
     #[test]
     fn top_k_restricts_to_the_k_best() {
         let logits = [5.0, 4.9, 0.0, -1.0, 4.8];
-        let p = SamplingParams { temperature: 1.0, top_k: 2, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: 2,
+            ..Default::default()
+        };
         let mut rng = Rng::new(3);
         for _ in 0..200 {
             let t = sample(&logits, &p, &mut rng);
@@ -214,7 +248,11 @@ mod tests {
     fn top_p_keeps_the_smallest_nucleus() {
         // p ≈ [0.88, 0.12, ~0]: top_p 0.5 keeps only the first.
         let logits = [2.0, 0.0, -20.0];
-        let p = SamplingParams { temperature: 1.0, top_p: 0.5, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.5,
+            ..Default::default()
+        };
         let mut rng = Rng::new(5);
         for _ in 0..100 {
             assert_eq!(sample(&logits, &p, &mut rng), 0);
@@ -224,7 +262,11 @@ mod tests {
     #[test]
     fn min_p_drops_unlikely_tokens() {
         let logits = [0.0, -0.1, -5.0];
-        let p = SamplingParams { temperature: 1.0, min_p: 0.5, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            min_p: 0.5,
+            ..Default::default()
+        };
         let mut rng = Rng::new(9);
         for _ in 0..200 {
             assert_ne!(sample(&logits, &p, &mut rng), 2);
@@ -234,9 +276,14 @@ mod tests {
     #[test]
     fn sampling_frequencies_follow_the_softmax() {
         let logits = [0.0f32, (2.0f32).ln()]; // p = [1/3, 2/3]
-        let p = SamplingParams { temperature: 1.0, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        };
         let mut rng = Rng::new(11);
-        let ones = (0..30_000).filter(|_| sample(&logits, &p, &mut rng) == 1).count();
+        let ones = (0..30_000)
+            .filter(|_| sample(&logits, &p, &mut rng) == 1)
+            .count();
         let frac = ones as f64 / 30_000.0;
         assert!((frac - 2.0 / 3.0).abs() < 0.02, "frequency {frac}");
     }
@@ -244,7 +291,12 @@ mod tests {
     #[test]
     fn penalties_push_seen_tokens_down() {
         let mut l = vec![2.0, -2.0, 1.0];
-        let p = SamplingParams { repetition_penalty: 2.0, presence_penalty: 0.5, frequency_penalty: 0.25, ..Default::default() };
+        let p = SamplingParams {
+            repetition_penalty: 2.0,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..Default::default()
+        };
         apply_penalties(&mut l, &[0], &[1, 1], &p);
         assert_eq!(l[0], 1.0); // 2 / 2
         assert_eq!(l[1], -4.0 - 0.5 - 0.5); // -2·2, presence, 2 × frequency

@@ -35,8 +35,11 @@ pub struct BatchArgs {
 /// Runs `caracal batch`.
 pub fn run(a: BatchArgs) -> Result<()> {
     let loaded = super::load_model(&super::model_dir(a.model.clone())?)?;
-    let file = std::fs::File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
-    let lines: Vec<String> = std::io::BufReader::new(file).lines().collect::<std::io::Result<_>>()?;
+    let file =
+        std::fs::File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
+    let lines: Vec<String> = std::io::BufReader::new(file)
+        .lines()
+        .collect::<std::io::Result<_>>()?;
     let model: Arc<dyn CausalLm> = Arc::from(loaded.model);
     let tokenizer = loaded.tokenizer.map(Arc::new);
     let info = model.info().clone();
@@ -49,13 +52,20 @@ pub fn run(a: BatchArgs) -> Result<()> {
         let parsed = serde_json::from_str::<RequestSpec>(line)
             .map_err(|e| format!("line {}: invalid request JSON: {e}", i + 1))
             .and_then(|s| {
-                s.validate(tokenizer.as_deref(), info.vocab_size, info.max_position, &info.eos_ids)
-                    .map_err(|e| format!("line {}: {e}", i + 1))
+                s.validate(
+                    tokenizer.as_deref(),
+                    info.vocab_size,
+                    info.max_position,
+                    &info.eos_ids,
+                )
+                .map_err(|e| format!("line {}: {e}", i + 1))
             });
         specs.push(parsed);
     }
     let cfg = a.engine.config();
-    let detok = tokenizer.clone().map(|t| t as Arc<dyn caracal_actors::engine::Detokenize>);
+    let detok = tokenizer
+        .clone()
+        .map(|t| t as Arc<dyn caracal_actors::engine::Detokenize>);
     let sys = actix::System::new();
     let (results, wall) = sys.block_on(async move {
         let engine = Engine::start(model, cfg, detok);
@@ -99,10 +109,13 @@ pub fn run(a: BatchArgs) -> Result<()> {
         (results, t0.elapsed().as_secs_f64())
     });
     let mut out: Box<dyn Write> = match &a.output {
-        Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)),
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
         None => Box::new(std::io::stdout().lock()),
     };
-    let (mut ok, mut prompt_total, mut gen_total, mut cached_total) = (0usize, 0usize, 0usize, 0usize);
+    let (mut ok, mut prompt_total, mut gen_total, mut cached_total) =
+        (0usize, 0usize, 0usize, 0usize);
     for (index, mut r) in results.into_iter().enumerate() {
         if let (Some(ids), Some(t)) = (r.get("token_ids").cloned(), tokenizer.as_ref()) {
             let ids: Vec<u32> = serde_json::from_value(ids)?;

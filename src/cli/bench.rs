@@ -86,7 +86,10 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 
 fn summarize(name: &str, samples: &[Sample], wall: f64, concurrency: usize) -> Summary {
     let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft * 1e3).collect();
-    let mut itl: Vec<f64> = samples.iter().flat_map(|s| s.itl.iter().map(|x| x * 1e3)).collect();
+    let mut itl: Vec<f64> = samples
+        .iter()
+        .flat_map(|s| s.itl.iter().map(|x| x * 1e3))
+        .collect();
     let gen: usize = samples.iter().map(|s| s.generated).sum();
     let prompt: usize = samples.iter().map(|s| s.prompt).sum();
     let cached: usize = samples.iter().map(|s| s.cached).sum();
@@ -104,13 +107,19 @@ fn summarize(name: &str, samples: &[Sample], wall: f64, concurrency: usize) -> S
         decode_tok_s: 0.0,
         cache_hit_rate: cached as f64 / prompt.max(1) as f64,
     };
-    s.decode_tok_s = if itl_mean > 0.0 { concurrency.min(samples.len()) as f64 * 1e3 / itl_mean } else { 0.0 };
+    s.decode_tok_s = if itl_mean > 0.0 {
+        concurrency.min(samples.len()) as f64 * 1e3 / itl_mean
+    } else {
+        0.0
+    };
     s
 }
 
 fn random_prompt(rng: &mut Rng, len: usize, vocab: usize) -> Vec<u32> {
     let lo = 16.min(vocab - 1);
-    (0..len).map(|_| lo as u32 + (rng.next_u64() % (vocab - lo) as u64) as u32).collect()
+    (0..len)
+        .map(|_| lo as u32 + (rng.next_u64() % (vocab - lo) as u64) as u32)
+        .collect()
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize, session: Option<String>) -> ValidRequest {
@@ -141,7 +150,15 @@ async fn one(engine: &Engine, req: ValidRequest) -> Result<Sample> {
                 last = now;
                 generated += 1;
             }
-            TokenEvent::Finished { cache, .. } => return Ok(Sample { ttft, itl, generated, prompt, cached: cache.cached_tokens }),
+            TokenEvent::Finished { cache, .. } => {
+                return Ok(Sample {
+                    ttft,
+                    itl,
+                    generated,
+                    prompt,
+                    cached: cache.cached_tokens,
+                })
+            }
             TokenEvent::Error { kind, message } => bail!("{kind}: {message}"),
         }
     }
@@ -149,7 +166,11 @@ async fn one(engine: &Engine, req: ValidRequest) -> Result<Sample> {
 }
 
 /// Runs `reqs` keeping at most `conc` in flight.
-async fn run_level(engine: &Engine, reqs: Vec<ValidRequest>, conc: usize) -> Result<(Vec<Sample>, f64)> {
+async fn run_level(
+    engine: &Engine,
+    reqs: Vec<ValidRequest>,
+    conc: usize,
+) -> Result<(Vec<Sample>, f64)> {
     let t0 = Instant::now();
     let queue = Arc::new(std::sync::Mutex::new(reqs.into_iter()));
     let workers = (0..conc.max(1)).map(|_| {
@@ -178,7 +199,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let model: Arc<dyn CausalLm> = Arc::from(loaded.model);
     let info = model.info().clone();
     if a.input_len + a.output_len + a.history >= info.max_position {
-        bail!("history + input_len + output_len must stay below the context length {}", info.max_position);
+        bail!(
+            "history + input_len + output_len must stay below the context length {}",
+            info.max_position
+        );
     }
     let cfg = a.engine.config();
     let sys = actix::System::new();
@@ -187,9 +211,21 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let mut rng = Rng::new(a.seed);
         let mut out = Vec::new();
         // Warm-up: one short request so lazy initialisation is not measured.
-        one(&engine, request(random_prompt(&mut rng, 8, info.vocab_size), 2, None)).await?;
+        one(
+            &engine,
+            request(random_prompt(&mut rng, 8, info.vocab_size), 2, None),
+        )
+        .await?;
         for &c in &a.concurrency {
-            let reqs = (0..a.requests).map(|_| request(random_prompt(&mut rng, a.input_len, info.vocab_size), a.output_len, None)).collect();
+            let reqs = (0..a.requests)
+                .map(|_| {
+                    request(
+                        random_prompt(&mut rng, a.input_len, info.vocab_size),
+                        a.output_len,
+                        None,
+                    )
+                })
+                .collect();
             let (samples, wall) = run_level(&engine, reqs, c).await?;
             out.push(summarize(&format!("concurrency {c}"), &samples, wall, c));
         }
@@ -206,28 +242,70 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 warm.push(one(&engine, request(follow, a.output_len.min(8), session)).await?);
                 cold.push(one(&engine, request(new, a.output_len.min(8), None)).await?);
             }
-            out.push(summarize(&format!("follow-up, {} cached history + {} new", a.history, a.input_len), &warm, 1.0, 1));
-            out.push(summarize(&format!("no history, {} new", a.input_len), &cold, 1.0, 1));
+            out.push(summarize(
+                &format!(
+                    "follow-up, {} cached history + {} new",
+                    a.history, a.input_len
+                ),
+                &warm,
+                1.0,
+                1,
+            ));
+            out.push(summarize(
+                &format!("no history, {} new", a.input_len),
+                &cold,
+                1.0,
+                1,
+            ));
         }
         Ok::<_, anyhow::Error>(out)
     })?;
     let base = summaries[0].output_tok_s;
     let base_decode = summaries[0].decode_tok_s;
     if a.json {
-        println!("{}", json!({"model": model_dir.display().to_string(), "scenarios": summaries}));
+        println!(
+            "{}",
+            json!({"model": model_dir.display().to_string(), "scenarios": summaries})
+        );
         return Ok(());
     }
     println!(
         "{:<44} {:>5} {:>9} {:>7} {:>10} {:>7} {:>9} {:>9} {:>8} {:>9}",
-        "scenario", "reqs", "out tok/s", "ratio", "decode t/s", "ratio", "TTFT ms", "TTFT p99", "ITL ms", "cache hit"
+        "scenario",
+        "reqs",
+        "out tok/s",
+        "ratio",
+        "decode t/s",
+        "ratio",
+        "TTFT ms",
+        "TTFT p99",
+        "ITL ms",
+        "cache hit"
     );
     for s in &summaries {
         let conc = s.name.starts_with("concurrency");
-        let r1 = if conc { format!("{:.2}x", s.output_tok_s / base) } else { "-".into() };
-        let r2 = if conc { format!("{:.2}x", s.decode_tok_s / base_decode.max(1e-9)) } else { "-".into() };
+        let r1 = if conc {
+            format!("{:.2}x", s.output_tok_s / base)
+        } else {
+            "-".into()
+        };
+        let r2 = if conc {
+            format!("{:.2}x", s.decode_tok_s / base_decode.max(1e-9))
+        } else {
+            "-".into()
+        };
         println!(
             "{:<44} {:>5} {:>9.1} {:>7} {:>10.1} {:>7} {:>9.2} {:>9.2} {:>8.2} {:>8.1}%",
-            s.name, s.requests, s.output_tok_s, r1, s.decode_tok_s, r2, s.ttft_mean_ms, s.ttft_p99_ms, s.itl_mean_ms, s.cache_hit_rate * 100.0
+            s.name,
+            s.requests,
+            s.output_tok_s,
+            r1,
+            s.decode_tok_s,
+            r2,
+            s.ttft_mean_ms,
+            s.ttft_p99_ms,
+            s.itl_mean_ms,
+            s.cache_hit_rate * 100.0
         );
     }
     if a.history > 0 {

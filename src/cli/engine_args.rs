@@ -44,7 +44,10 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: f64 = num.trim().parse().map_err(|_| format!("`{s}` is not a size (examples: 512MiB, 2GiB)"))?;
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (examples: 512MiB, 2GiB)"))?;
     let mult = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "kib" => 1024.0,
@@ -53,7 +56,11 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
         "kb" => 1e3,
         "mb" => 1e6,
         "gb" => 1e9,
-        other => return Err(format!("unknown size unit `{other}` (use B, KiB, MiB, GiB, KB, MB, GB)")),
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` (use B, KiB, MiB, GiB, KB, MB, GB)"
+            ))
+        }
     };
     Ok((n * mult) as usize)
 }

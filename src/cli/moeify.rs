@@ -74,8 +74,13 @@ pub fn run(a: MoeifyArgs) -> Result<()> {
         seed: a.seed,
         max_shard_bytes: (a.shard_gib.max(0.001) * (1u64 << 30) as f64) as u64,
     };
-    let report = moeify_checkpoint(&a.in_dir, &a.out_dir, &opts)
-        .with_context(|| format!("moeifying {} into {}", a.in_dir.display(), a.out_dir.display()))?;
+    let report = moeify_checkpoint(&a.in_dir, &a.out_dir, &opts).with_context(|| {
+        format!(
+            "moeifying {} into {}",
+            a.in_dir.display(),
+            a.out_dir.display()
+        )
+    })?;
     println!("{report}");
     Ok(())
 }

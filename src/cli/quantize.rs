@@ -64,8 +64,13 @@ pub fn run(a: QuantizeArgs) -> Result<()> {
         },
         max_shard_bytes: (a.shard_gib.max(0.001) * (1u64 << 30) as f64) as u64,
     };
-    let report = quantize_checkpoint(&a.in_dir, &a.out_dir, &opts)
-        .with_context(|| format!("quantizing {} into {}", a.in_dir.display(), a.out_dir.display()))?;
+    let report = quantize_checkpoint(&a.in_dir, &a.out_dir, &opts).with_context(|| {
+        format!(
+            "quantizing {} into {}",
+            a.in_dir.display(),
+            a.out_dir.display()
+        )
+    })?;
     print!("{report}");
     Ok(())
 }

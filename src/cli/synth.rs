@@ -27,9 +27,15 @@ pub struct SynthArgs {
 
 /// Runs `caracal synth`.
 pub fn run(a: SynthArgs) -> Result<()> {
-    let opts = SynthOptions { arch: a.arch.parse::<Arch>()?, preset: a.preset.parse::<Preset>()?, seed: a.seed, progress: true };
+    let opts = SynthOptions {
+        arch: a.arch.parse::<Arch>()?,
+        preset: a.preset.parse::<Preset>()?,
+        seed: a.seed,
+        progress: true,
+    };
     let t0 = Instant::now();
-    let summary = synthesize(&a.out_dir, &opts).with_context(|| format!("synthesizing into {}", a.out_dir.display()))?;
+    let summary = synthesize(&a.out_dir, &opts)
+        .with_context(|| format!("synthesizing into {}", a.out_dir.display()))?;
     for (name, bytes) in &summary.files {
         println!("{:>12}  {name}", bytes);
     }

@@ -24,7 +24,9 @@ use serde_json::Value;
 use super::layers::mla::{MlaAttention, MlaOptions};
 use super::layers::moe::MoeBlock;
 use super::layers::{add_inplace, embed, logits, BatchLayout, GluAct, Mlp, RmsNorm};
-use super::{CausalLm, EngineError, ExpertDispatch, ExpertFfn, ModelInfo, MoeModel, SeqBatch, SeqState};
+use super::{
+    CausalLm, EngineError, ExpertDispatch, ExpertFfn, ModelInfo, MoeModel, SeqBatch, SeqState,
+};
 use crate::checkpoint::Checkpoint;
 use crate::config::{defaults, parse_config, rope_from_config};
 use crate::error::{Error, Result};
@@ -192,7 +194,11 @@ pub struct DeepseekV3 {
 pub fn mla_softmax_scale(qk_head_dim: usize, scaling: &RopeScaling) -> f32 {
     let base = (qk_head_dim as f32).powf(-0.5);
     match scaling {
-        RopeScaling::Yarn { factor, mscale_all_dim: Some(m), .. } if *m != 0.0 => {
+        RopeScaling::Yarn {
+            factor,
+            mscale_all_dim: Some(m),
+            ..
+        } if *m != 0.0 => {
             let ms = yarn_get_mscale(*factor, *m);
             base * ms * ms
         }
@@ -202,7 +208,12 @@ pub fn mla_softmax_scale(qk_head_dim: usize, scaling: &RopeScaling) -> f32 {
 
 impl DeepseekV3 {
     /// Loads the weights named by `config` from `ckpt`.
-    pub fn load(config: &Value, cfg_path: &Path, ckpt: &Checkpoint, eos_ids: Vec<u32>) -> Result<DeepseekV3> {
+    pub fn load(
+        config: &Value,
+        cfg_path: &Path,
+        ckpt: &Checkpoint,
+        eos_ids: Vec<u32>,
+    ) -> Result<DeepseekV3> {
         let c: DeepseekV3Config = parse_config(config, cfg_path)?;
         let d = c.hidden_size;
         let act = GluAct::from_name(&c.hidden_act)?;
@@ -224,10 +235,17 @@ impl DeepseekV3 {
         let scoring = match c.scoring_func.as_str() {
             "sigmoid" => Scoring::Sigmoid,
             "softmax" => Scoring::Softmax,
-            other => return Err(Error::Config(format!("unsupported scoring_func `{other}` (supported: sigmoid, softmax)"))),
+            other => {
+                return Err(Error::Config(format!(
+                    "unsupported scoring_func `{other}` (supported: sigmoid, softmax)"
+                )))
+            }
         };
         if c.n_group == 0 || c.n_routed_experts % c.n_group != 0 {
-            return Err(Error::Config(format!("n_routed_experts {} is not divisible by n_group {}", c.n_routed_experts, c.n_group)));
+            return Err(Error::Config(format!(
+                "n_routed_experts {} is not divisible by n_group {}",
+                c.n_routed_experts, c.n_group
+            )));
         }
         let router = RouterConfig {
             scoring,
@@ -243,12 +261,26 @@ impl DeepseekV3 {
         for i in 0..c.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let ffn = if i < c.first_k_dense_replace {
-                Ffn::Dense(Mlp::load(ckpt, &format!("{p}.mlp"), ["gate_proj", "up_proj", "down_proj"], d, c.intermediate_size, act)?)
+                Ffn::Dense(Mlp::load(
+                    ckpt,
+                    &format!("{p}.mlp"),
+                    ["gate_proj", "up_proj", "down_proj"],
+                    d,
+                    c.intermediate_size,
+                    act,
+                )?)
             } else {
                 let e = c.n_routed_experts;
                 let experts = (0..e)
                     .map(|j| {
-                        Mlp::load(ckpt, &format!("{p}.mlp.experts.{j}"), ["gate_proj", "up_proj", "down_proj"], d, c.moe_intermediate_size, act)
+                        Mlp::load(
+                            ckpt,
+                            &format!("{p}.mlp.experts.{j}"),
+                            ["gate_proj", "up_proj", "down_proj"],
+                            d,
+                            c.moe_intermediate_size,
+                            act,
+                        )
                     })
                     .collect::<Result<Vec<_>>>()?;
                 let shared = if c.n_shared_experts > 0 {
@@ -264,19 +296,55 @@ impl DeepseekV3 {
                     None
                 };
                 let bias_name = format!("{p}.mlp.gate.e_score_correction_bias");
-                let bias = if ckpt.has(&bias_name) { Some(ckpt.vector(&bias_name, e)?) } else { None };
-                Ffn::Moe(MoeBlock::new(ckpt.matrix(&format!("{p}.mlp.gate.weight"), e, d)?, bias, experts, shared, router.clone(), i - c.first_k_dense_replace))
+                let bias = if ckpt.has(&bias_name) {
+                    Some(ckpt.vector(&bias_name, e)?)
+                } else {
+                    None
+                };
+                Ffn::Moe(MoeBlock::new(
+                    ckpt.matrix(&format!("{p}.mlp.gate.weight"), e, d)?,
+                    bias,
+                    experts,
+                    shared,
+                    router.clone(),
+                    i - c.first_k_dense_replace,
+                ))
             };
             layers.push(Layer {
-                input_layernorm: RmsNorm::load(ckpt, &format!("{p}.input_layernorm.weight"), d, c.rms_norm_eps)?,
-                self_attn: MlaAttention::load(ckpt, &format!("{p}.self_attn"), d, shape.clone(), &opts, i)?,
-                post_attention_layernorm: RmsNorm::load(ckpt, &format!("{p}.post_attention_layernorm.weight"), d, c.rms_norm_eps)?,
+                input_layernorm: RmsNorm::load(
+                    ckpt,
+                    &format!("{p}.input_layernorm.weight"),
+                    d,
+                    c.rms_norm_eps,
+                )?,
+                self_attn: MlaAttention::load(
+                    ckpt,
+                    &format!("{p}.self_attn"),
+                    d,
+                    shape.clone(),
+                    &opts,
+                    i,
+                )?,
+                post_attention_layernorm: RmsNorm::load(
+                    ckpt,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    d,
+                    c.rms_norm_eps,
+                )?,
                 ffn,
             });
         }
-        let lm_head = if c.tie_word_embeddings { embed_tokens.clone() } else { ckpt.matrix("lm_head.weight", c.vocab_size, d)? };
+        let lm_head = if c.tie_word_embeddings {
+            embed_tokens.clone()
+        } else {
+            ckpt.matrix("lm_head.weight", c.vocab_size, d)?
+        };
         let info = ModelInfo {
-            model_type: config.get("model_type").and_then(|v| v.as_str()).unwrap_or("deepseek_v3").into(),
+            model_type: config
+                .get("model_type")
+                .and_then(|v| v.as_str())
+                .unwrap_or("deepseek_v3")
+                .into(),
             vocab_size: c.vocab_size,
             max_position: c.max_position_embeddings,
             kv_layers: c.num_hidden_layers,
@@ -285,7 +353,14 @@ impl DeepseekV3 {
             eos_ids,
             num_params: ckpt.total_params(),
         };
-        Ok(DeepseekV3 { info, embed_tokens, layers, norm: RmsNorm::load(ckpt, "model.norm.weight", d, c.rms_norm_eps)?, lm_head, rope })
+        Ok(DeepseekV3 {
+            info,
+            embed_tokens,
+            layers,
+            norm: RmsNorm::load(ckpt, "model.norm.weight", d, c.rms_norm_eps)?,
+            lm_head,
+            rope,
+        })
     }
 }
 
@@ -298,11 +373,20 @@ impl CausalLm for DeepseekV3 {
         SeqState::default()
     }
 
-    fn forward(&self, cache: &mut KvPool, batch: &mut [SeqBatch<'_>]) -> std::result::Result<Vec<f32>, EngineError> {
+    fn forward(
+        &self,
+        cache: &mut KvPool,
+        batch: &mut [SeqBatch<'_>],
+    ) -> std::result::Result<Vec<f32>, EngineError> {
         let layout = BatchLayout::prepare(batch, cache, true, self.info.max_position)?;
         let mut h = embed(&self.embed_tokens, &layout.tokens)?;
         for layer in &self.layers {
-            let a = layer.self_attn.forward(&layer.input_layernorm.forward(&h), &layout, Some(&self.rope), cache);
+            let a = layer.self_attn.forward(
+                &layer.input_layernorm.forward(&h),
+                &layout,
+                Some(&self.rope),
+                cache,
+            );
             add_inplace(&mut h, &a);
             let x = layer.post_attention_layernorm.forward(&h);
             let m = match &layer.ffn {
@@ -322,13 +406,19 @@ impl CausalLm for DeepseekV3 {
 
 impl MoeModel for DeepseekV3 {
     fn experts(&self) -> Vec<Vec<std::sync::Arc<dyn ExpertFfn>>> {
-        self.layers.iter().filter_map(|l| match &l.ffn { Ffn::Moe(m) => Some(m.experts.clone()), Ffn::Dense(_) => None }).collect()
+        self.layers
+            .iter()
+            .filter_map(|l| match &l.ffn {
+                Ffn::Moe(m) => Some(m.experts.clone()),
+                Ffn::Dense(_) => None,
+            })
+            .collect()
     }
 
     fn set_expert_dispatch(&self, dispatch: std::sync::Arc<dyn ExpertDispatch>) {
         for l in &self.layers {
             if let Ffn::Moe(m) = &l.ffn {
-                *m.dispatch.write().expect("dispatch lock is never poisoned") = Some(dispatch.clone());
+                m.set_dispatch(dispatch.clone());
             }
         }
     }

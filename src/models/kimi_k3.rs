@@ -53,7 +53,9 @@ use super::layers::kda::{ALogLayout, ForgetGate, KdaAttention, KdaOptions};
 use super::layers::mla::{MlaAttention, MlaOptions};
 use super::layers::moe::{LatentProj, MoeBlock};
 use super::layers::{add_inplace, embed, logits, BatchLayout, GluAct, Mlp, RmsNorm};
-use super::{CausalLm, EngineError, ExpertDispatch, ExpertFfn, ModelInfo, MoeModel, SeqBatch, SeqState};
+use super::{
+    CausalLm, EngineError, ExpertDispatch, ExpertFfn, ModelInfo, MoeModel, SeqBatch, SeqState,
+};
 use crate::checkpoint::Checkpoint;
 use crate::config::{defaults, parse_config};
 use crate::error::{Error, Result};
@@ -161,20 +163,37 @@ pub fn text_config(config: &Value) -> &Value {
 
 impl KimiK3 {
     /// Loads the text backbone named by `config` from `ckpt`.
-    pub fn load(config: &Value, cfg_path: &Path, ckpt: &Checkpoint, eos_ids: Vec<u32>) -> Result<KimiK3> {
+    pub fn load(
+        config: &Value,
+        cfg_path: &Path,
+        ckpt: &Checkpoint,
+        eos_ids: Vec<u32>,
+    ) -> Result<KimiK3> {
         let text = text_config(config);
         let c: KimiLinearConfig = parse_config(text, cfg_path)?;
         let x: K3Extensions = parse_config(text, cfg_path)?;
         if !c.mla_use_nope {
-            return Err(Error::Config("kimi_k3 with mla_use_nope=false is not supported".into()));
+            return Err(Error::Config(
+                "kimi_k3 with mla_use_nope=false is not supported".into(),
+            ));
         }
         if x.attn_res_block_size == Some(0) || x.moe_layer_freq == 0 {
-            return Err(Error::Config("`attn_res_block_size` and `moe_layer_freq` must be at least 1".into()));
+            return Err(Error::Config(
+                "`attn_res_block_size` and `moe_layer_freq` must be at least 1".into(),
+            ));
         }
         let d = c.hidden_size;
         let eps = c.rms_norm_eps;
-        let act = GluAct::from_config(&c.hidden_act, x.activation_situ_beta, x.activation_situ_linear_beta)?;
-        let root = if ckpt.has("language_model.model.embed_tokens.weight") { "language_model." } else { "" };
+        let act = GluAct::from_config(
+            &c.hidden_act,
+            x.activation_situ_beta,
+            x.activation_situ_linear_beta,
+        )?;
+        let root = if ckpt.has("language_model.model.embed_tokens.weight") {
+            "language_model."
+        } else {
+            ""
+        };
         let lin = &c.linear_attn_config;
         let kda = KdaOptions {
             hidden: d,
@@ -183,7 +202,10 @@ impl KimiK3 {
             kernel: lin.short_conv_kernel_size,
             eps,
             full_rank_gate: x.linear_attn_config.use_full_rank_gate,
-            forget_gate: x.linear_attn_config.gate_lower_bound.map_or(ForgetGate::Softplus, ForgetGate::LowerBound),
+            forget_gate: x
+                .linear_attn_config
+                .gate_lower_bound
+                .map_or(ForgetGate::Softplus, ForgetGate::LowerBound),
             a_log_layout: x.linear_attn_config.a_log_layout,
         };
         let shape = MlaShape {
@@ -203,7 +225,11 @@ impl KimiK3 {
             scoring: match c.moe_router_activation_func.as_str() {
                 "sigmoid" => Scoring::Sigmoid,
                 "softmax" => Scoring::Softmax,
-                other => return Err(Error::Config(format!("unsupported moe_router_activation_func `{other}`"))),
+                other => {
+                    return Err(Error::Config(format!(
+                        "unsupported moe_router_activation_func `{other}`"
+                    )))
+                }
             },
             top_k: c.num_experts_per_token,
             n_group: c.num_expert_group,
@@ -214,9 +240,14 @@ impl KimiK3 {
         };
         let is_moe = |i: usize| match &c.mlp_layer_types {
             Some(types) => types.get(i).map(|t| t == "sparse").unwrap_or(false),
-            None => c.num_experts > 0 && i >= c.first_k_dense_replace && i.is_multiple_of(x.moe_layer_freq),
+            None => {
+                c.num_experts > 0
+                    && i >= c.first_k_dense_replace
+                    && i.is_multiple_of(x.moe_layer_freq)
+            }
         };
-        let embed_tokens = ckpt.matrix(&format!("{root}model.embed_tokens.weight"), c.vocab_size, d)?;
+        let embed_tokens =
+            ckpt.matrix(&format!("{root}model.embed_tokens.weight"), c.vocab_size, d)?;
         let (mut kv_layers, mut linear_layers, mut moe_layers) = (0, 0, 0);
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
@@ -224,30 +255,74 @@ impl KimiK3 {
             let attn_p = format!("{p}.self_attn");
             let mixer = if c.is_kda_layer(i) {
                 linear_layers += 1;
-                Mixer::Kda(Box::new(KdaAttention::load_with(ckpt, &attn_p, &kda, linear_layers - 1)?))
+                Mixer::Kda(Box::new(KdaAttention::load_with(
+                    ckpt,
+                    &attn_p,
+                    &kda,
+                    linear_layers - 1,
+                )?))
             } else {
                 kv_layers += 1;
                 let m = MlaAttention::load(ckpt, &attn_p, d, shape, &mla, kv_layers - 1)?;
-                Mixer::Mla(Box::new(if x.mla_use_output_gate { m.with_output_gate(ckpt, &attn_p, d)? } else { m }))
+                Mixer::Mla(Box::new(if x.mla_use_output_gate {
+                    m.with_output_gate(ckpt, &attn_p, d)?
+                } else {
+                    m
+                }))
             };
             let ffn = if is_moe(i) {
                 moe_layers += 1;
-                Ffn::Moe(Box::new(load_moe(ckpt, &format!("{p}.block_sparse_moe"), &c, &x, act, router.clone(), moe_layers - 1)?))
+                Ffn::Moe(Box::new(load_moe(
+                    ckpt,
+                    &format!("{p}.block_sparse_moe"),
+                    &c,
+                    &x,
+                    act,
+                    router.clone(),
+                    moe_layers - 1,
+                )?))
             } else {
-                Ffn::Dense(Box::new(Mlp::load(ckpt, &format!("{p}.mlp"), ["gate_proj", "up_proj", "down_proj"], d, c.intermediate_size, act)?))
+                Ffn::Dense(Box::new(Mlp::load(
+                    ckpt,
+                    &format!("{p}.mlp"),
+                    ["gate_proj", "up_proj", "down_proj"],
+                    d,
+                    c.intermediate_size,
+                    act,
+                )?))
             };
             let attn_res = match x.attn_res_block_size {
                 Some(_) => Some(LayerAttnRes {
-                    attn: AttnResWeights::load(ckpt, &format!("{p}.self_attention_res_norm.weight"), &format!("{p}.self_attention_res_proj.weight"), d)?,
-                    mlp: AttnResWeights::load(ckpt, &format!("{p}.mlp_res_norm.weight"), &format!("{p}.mlp_res_proj.weight"), d)?,
+                    attn: AttnResWeights::load(
+                        ckpt,
+                        &format!("{p}.self_attention_res_norm.weight"),
+                        &format!("{p}.self_attention_res_proj.weight"),
+                        d,
+                    )?,
+                    mlp: AttnResWeights::load(
+                        ckpt,
+                        &format!("{p}.mlp_res_norm.weight"),
+                        &format!("{p}.mlp_res_proj.weight"),
+                        d,
+                    )?,
                 }),
                 None => None,
             };
             layers.push(Layer {
                 attn_res,
-                input_layernorm: RmsNorm::load(ckpt, &format!("{p}.input_layernorm.weight"), d, eps)?,
+                input_layernorm: RmsNorm::load(
+                    ckpt,
+                    &format!("{p}.input_layernorm.weight"),
+                    d,
+                    eps,
+                )?,
                 mixer,
-                post_attention_layernorm: RmsNorm::load(ckpt, &format!("{p}.post_attention_layernorm.weight"), d, eps)?,
+                post_attention_layernorm: RmsNorm::load(
+                    ckpt,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    d,
+                    eps,
+                )?,
                 ffn,
             });
         }
@@ -260,7 +335,11 @@ impl KimiK3 {
             )?),
             None => None,
         };
-        let lm_head = if c.tie_word_embeddings { embed_tokens.clone() } else { ckpt.matrix(&format!("{root}lm_head.weight"), c.vocab_size, d)? };
+        let lm_head = if c.tie_word_embeddings {
+            embed_tokens.clone()
+        } else {
+            ckpt.matrix(&format!("{root}lm_head.weight"), c.vocab_size, d)?
+        };
         let info = ModelInfo {
             model_type: "kimi_k3".into(),
             vocab_size: c.vocab_size,
@@ -284,7 +363,14 @@ impl KimiK3 {
     }
 
     /// The token mixer of `layer` on normed input `x`.
-    fn mix_tokens(&self, layer: &Layer, x: &[f32], layout: &BatchLayout, batch: &mut [SeqBatch<'_>], cache: &mut KvPool) -> Vec<f32> {
+    fn mix_tokens(
+        &self,
+        layer: &Layer,
+        x: &[f32],
+        layout: &BatchLayout,
+        batch: &mut [SeqBatch<'_>],
+        cache: &mut KvPool,
+    ) -> Vec<f32> {
         match &layer.mixer {
             Mixer::Kda(kda) => kda.forward(x, layout, batch),
             Mixer::Mla(mla) => mla.forward(x, layout, None, cache),
@@ -313,26 +399,67 @@ fn load_moe(
     let (d, e) = (c.hidden_size, c.num_experts);
     let width = x.routed_expert_hidden_size.unwrap_or(d);
     let experts = (0..e)
-        .map(|j| load_expert_mlp(ckpt, m, j, ["w1", "w3", "w2"], width, c.moe_intermediate_size, act))
+        .map(|j| {
+            load_expert_mlp(
+                ckpt,
+                m,
+                j,
+                ["w1", "w3", "w2"],
+                width,
+                c.moe_intermediate_size,
+                act,
+            )
+        })
         .collect::<Result<Vec<_>>>()?;
     let shared = if c.num_shared_experts > 0 {
         let names = ["gate_proj", "up_proj", "down_proj"];
-        Some(Mlp::load(ckpt, &format!("{m}.shared_experts"), names, d, c.moe_intermediate_size * c.num_shared_experts, act)?)
+        Some(Mlp::load(
+            ckpt,
+            &format!("{m}.shared_experts"),
+            names,
+            d,
+            c.moe_intermediate_size * c.num_shared_experts,
+            act,
+        )?)
     } else {
         None
     };
     let bias_name = format!("{m}.gate.e_score_correction_bias");
-    let bias = if ckpt.has(&bias_name) { Some(ckpt.vector(&bias_name, e)?) } else { None };
-    let block = MoeBlock::new(ckpt.matrix(&format!("{m}.gate.weight"), e, d)?, bias, experts, shared, router, moe_layer);
+    let bias = if ckpt.has(&bias_name) {
+        Some(ckpt.vector(&bias_name, e)?)
+    } else {
+        None
+    };
+    let block = MoeBlock::new(
+        ckpt.matrix(&format!("{m}.gate.weight"), e, d)?,
+        bias,
+        experts,
+        shared,
+        router,
+        moe_layer,
+    );
     Ok(match x.routed_expert_hidden_size {
         Some(r) => block.with_latent(LatentProj {
-            routed_expert_down_proj: ckpt.matrix(&format!("{m}.routed_expert_down_proj.weight"), r, d)?,
+            routed_expert_down_proj: ckpt.matrix(
+                &format!("{m}.routed_expert_down_proj.weight"),
+                r,
+                d,
+            )?,
             routed_expert_norm: if x.latent_moe_use_norm {
-                Some(RmsNorm::load(ckpt, &format!("{m}.routed_expert_norm.weight"), r, c.rms_norm_eps)?)
+                Some(RmsNorm::load(
+                    ckpt,
+                    &format!("{m}.routed_expert_norm.weight"),
+                    r,
+                    c.rms_norm_eps,
+                )?)
             } else {
                 None
             },
-            routed_expert_up_proj: ckpt.matrix(&format!("{m}.routed_expert_up_proj.weight"), d, r)?,
+            routed_expert_up_proj: ckpt.matrix(
+                &format!("{m}.routed_expert_up_proj.weight"),
+                d,
+                r,
+            )?,
         }),
         None => block,
     })
@@ -352,16 +479,30 @@ impl CausalLm for KimiK3 {
                 Mixer::Mla(_) => None,
             })
             .collect();
-        SeqState { linear, ..SeqState::default() }
+        SeqState {
+            linear,
+            ..SeqState::default()
+        }
     }
 
-    fn forward(&self, cache: &mut KvPool, batch: &mut [SeqBatch<'_>]) -> std::result::Result<Vec<f32>, EngineError> {
+    fn forward(
+        &self,
+        cache: &mut KvPool,
+        batch: &mut [SeqBatch<'_>],
+    ) -> std::result::Result<Vec<f32>, EngineError> {
         for s in batch.iter() {
             if s.state.linear.len() != self.info.linear_layers {
-                return Err(EngineError::InvalidInput("sequence state was not made by this model's new_state()".into()));
+                return Err(EngineError::InvalidInput(
+                    "sequence state was not made by this model's new_state()".into(),
+                ));
             }
         }
-        let layout = BatchLayout::prepare(batch, cache, self.info.kv_layers > 0, self.info.max_position)?;
+        let layout = BatchLayout::prepare(
+            batch,
+            cache,
+            self.info.kv_layers > 0,
+            self.info.max_position,
+        )?;
         let d = self.embed_tokens.cols;
         // `prefix`: the running sum of the current block (the residual
         // stream itself when AttnRes is off); it starts as the embedding.
@@ -370,7 +511,9 @@ impl CausalLm for KimiK3 {
         for (l, layer) in self.layers.iter().enumerate() {
             match (&layer.attn_res, self.block_size) {
                 (Some(res), Some(bs)) => {
-                    let h = layer.input_layernorm.forward(&blocks.mix(&res.attn, &prefix));
+                    let h = layer
+                        .input_layernorm
+                        .forward(&blocks.mix(&res.attn, &prefix));
                     let a = self.mix_tokens(layer, &h, &layout, batch, cache);
                     if l.is_multiple_of(bs) {
                         // Block boundary: snapshot the finished block, start a new sum.
@@ -378,13 +521,22 @@ impl CausalLm for KimiK3 {
                     } else {
                         add_inplace(&mut prefix, &a);
                     }
-                    let h = layer.post_attention_layernorm.forward(&blocks.mix(&res.mlp, &prefix));
+                    let h = layer
+                        .post_attention_layernorm
+                        .forward(&blocks.mix(&res.mlp, &prefix));
                     add_inplace(&mut prefix, &Self::mix_channels(layer, &h));
                 }
                 _ => {
-                    let a = self.mix_tokens(layer, &layer.input_layernorm.forward(&prefix), &layout, batch, cache);
+                    let a = self.mix_tokens(
+                        layer,
+                        &layer.input_layernorm.forward(&prefix),
+                        &layout,
+                        batch,
+                        cache,
+                    );
                     add_inplace(&mut prefix, &a);
-                    let m = Self::mix_channels(layer, &layer.post_attention_layernorm.forward(&prefix));
+                    let m =
+                        Self::mix_channels(layer, &layer.post_attention_layernorm.forward(&prefix));
                     add_inplace(&mut prefix, &m);
                 }
             }
@@ -416,7 +568,7 @@ impl MoeModel for KimiK3 {
     fn set_expert_dispatch(&self, dispatch: Arc<dyn ExpertDispatch>) {
         for l in &self.layers {
             if let Ffn::Moe(m) = &l.ffn {
-                *m.dispatch.write().expect("dispatch lock is never poisoned") = Some(dispatch.clone());
+                m.set_dispatch(dispatch.clone());
             }
         }
     }
@@ -443,8 +595,12 @@ mod tests {
         assert_eq!(x.moe_layer_freq, 1);
         let c: KimiLinearConfig = serde_json::from_value(v).unwrap();
         assert_eq!(c.linear_attn_config.num_heads, 96);
-        let wrapped = serde_json::json!({"model_type": "kimi_k3", "text_config": {"hidden_size": 7}});
+        let wrapped =
+            serde_json::json!({"model_type": "kimi_k3", "text_config": {"hidden_size": 7}});
         assert_eq!(text_config(&wrapped)["hidden_size"], 7);
-        assert_eq!(text_config(&serde_json::json!({"hidden_size": 8}))["hidden_size"], 8);
+        assert_eq!(
+            text_config(&serde_json::json!({"hidden_size": 8}))["hidden_size"],
+            8
+        );
     }
 }

@@ -24,7 +24,9 @@ use super::layers::kda::KdaAttention;
 use super::layers::mla::{MlaAttention, MlaOptions};
 use super::layers::moe::MoeBlock;
 use super::layers::{add_inplace, embed, logits, BatchLayout, GluAct, Mlp, RmsNorm};
-use super::{CausalLm, EngineError, ExpertDispatch, ExpertFfn, ModelInfo, MoeModel, SeqBatch, SeqState};
+use super::{
+    CausalLm, EngineError, ExpertDispatch, ExpertFfn, ModelInfo, MoeModel, SeqBatch, SeqState,
+};
 use crate::checkpoint::Checkpoint;
 use crate::config::{defaults, parse_config};
 use crate::error::{Error, Result};
@@ -72,7 +74,11 @@ pub struct KimiLinearConfig {
     #[serde(default = "d_heads")]
     pub num_attention_heads: usize,
     /// Routed experts.
-    #[serde(default = "d_experts", alias = "num_local_experts", alias = "n_routed_experts")]
+    #[serde(
+        default = "d_experts",
+        alias = "num_local_experts",
+        alias = "n_routed_experts"
+    )]
     pub num_experts: usize,
     /// Experts per token.
     #[serde(default = "d_topk", alias = "num_experts_per_tok")]
@@ -195,7 +201,10 @@ impl KimiLinearConfig {
             return self.linear_attn_config.kda_layers.contains(&(i + 1));
         }
         if let Some(types) = &self.layer_types {
-            return types.get(i).map(|t| t == "linear_attention").unwrap_or(false);
+            return types
+                .get(i)
+                .map(|t| t == "linear_attention")
+                .unwrap_or(false);
         }
         // transformers' fallback: every 4th layer (1-based) is full attention.
         !(i > 0 && i % 4 == 0)
@@ -240,10 +249,17 @@ pub struct KimiLinear {
 
 impl KimiLinear {
     /// Loads the weights named by `config` from `ckpt`.
-    pub fn load(config: &Value, cfg_path: &Path, ckpt: &Checkpoint, eos_ids: Vec<u32>) -> Result<KimiLinear> {
+    pub fn load(
+        config: &Value,
+        cfg_path: &Path,
+        ckpt: &Checkpoint,
+        eos_ids: Vec<u32>,
+    ) -> Result<KimiLinear> {
         let c: KimiLinearConfig = parse_config(config, cfg_path)?;
         if !c.mla_use_nope {
-            return Err(Error::Config("kimi_linear with mla_use_nope=false is not supported".into()));
+            return Err(Error::Config(
+                "kimi_linear with mla_use_nope=false is not supported".into(),
+            ));
         }
         let d = c.hidden_size;
         let act = GluAct::from_name(&c.hidden_act)?;
@@ -264,7 +280,11 @@ impl KimiLinear {
         let scoring = match c.moe_router_activation_func.as_str() {
             "sigmoid" => Scoring::Sigmoid,
             "softmax" => Scoring::Softmax,
-            other => return Err(Error::Config(format!("unsupported moe_router_activation_func `{other}`"))),
+            other => {
+                return Err(Error::Config(format!(
+                    "unsupported moe_router_activation_func `{other}`"
+                )))
+            }
         };
         let router = RouterConfig {
             scoring,
@@ -294,13 +314,29 @@ impl KimiLinear {
                 )?)
             } else {
                 kv_layers += 1;
-                Mixer::Mla(MlaAttention::load(ckpt, &format!("{p}.self_attn"), d, shape.clone(), &opts, kv_layers - 1)?)
+                Mixer::Mla(MlaAttention::load(
+                    ckpt,
+                    &format!("{p}.self_attn"),
+                    d,
+                    shape.clone(),
+                    &opts,
+                    kv_layers - 1,
+                )?)
             };
             let ffn = if c.is_moe_layer(i) {
                 let m = format!("{p}.block_sparse_moe");
                 let e = c.num_experts;
                 let experts = (0..e)
-                    .map(|j| Mlp::load(ckpt, &format!("{m}.experts.{j}"), ["w1", "w3", "w2"], d, c.moe_intermediate_size, act))
+                    .map(|j| {
+                        Mlp::load(
+                            ckpt,
+                            &format!("{m}.experts.{j}"),
+                            ["w1", "w3", "w2"],
+                            d,
+                            c.moe_intermediate_size,
+                            act,
+                        )
+                    })
                     .collect::<Result<Vec<_>>>()?;
                 let shared = if c.num_shared_experts > 0 {
                     Some(Mlp::load(
@@ -315,19 +351,51 @@ impl KimiLinear {
                     None
                 };
                 let bias_name = format!("{m}.gate.e_score_correction_bias");
-                let bias = if ckpt.has(&bias_name) { Some(ckpt.vector(&bias_name, e)?) } else { None };
-                Ffn::Moe(MoeBlock::new(ckpt.matrix(&format!("{m}.gate.weight"), e, d)?, bias, experts, shared, router.clone(), (0..i).filter(|&j| c.is_moe_layer(j)).count()))
+                let bias = if ckpt.has(&bias_name) {
+                    Some(ckpt.vector(&bias_name, e)?)
+                } else {
+                    None
+                };
+                Ffn::Moe(MoeBlock::new(
+                    ckpt.matrix(&format!("{m}.gate.weight"), e, d)?,
+                    bias,
+                    experts,
+                    shared,
+                    router.clone(),
+                    (0..i).filter(|&j| c.is_moe_layer(j)).count(),
+                ))
             } else {
-                Ffn::Dense(Mlp::load(ckpt, &format!("{p}.mlp"), ["gate_proj", "up_proj", "down_proj"], d, c.intermediate_size, act)?)
+                Ffn::Dense(Mlp::load(
+                    ckpt,
+                    &format!("{p}.mlp"),
+                    ["gate_proj", "up_proj", "down_proj"],
+                    d,
+                    c.intermediate_size,
+                    act,
+                )?)
             };
             layers.push(Layer {
-                input_layernorm: RmsNorm::load(ckpt, &format!("{p}.input_layernorm.weight"), d, c.rms_norm_eps)?,
+                input_layernorm: RmsNorm::load(
+                    ckpt,
+                    &format!("{p}.input_layernorm.weight"),
+                    d,
+                    c.rms_norm_eps,
+                )?,
                 mixer,
-                post_attention_layernorm: RmsNorm::load(ckpt, &format!("{p}.post_attention_layernorm.weight"), d, c.rms_norm_eps)?,
+                post_attention_layernorm: RmsNorm::load(
+                    ckpt,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    d,
+                    c.rms_norm_eps,
+                )?,
                 ffn,
             });
         }
-        let lm_head = if c.tie_word_embeddings { embed_tokens.clone() } else { ckpt.matrix("lm_head.weight", c.vocab_size, d)? };
+        let lm_head = if c.tie_word_embeddings {
+            embed_tokens.clone()
+        } else {
+            ckpt.matrix("lm_head.weight", c.vocab_size, d)?
+        };
         let info = ModelInfo {
             model_type: "kimi_linear".into(),
             vocab_size: c.vocab_size,
@@ -338,7 +406,13 @@ impl KimiLinear {
             eos_ids,
             num_params: ckpt.total_params(),
         };
-        Ok(KimiLinear { info, embed_tokens, layers, norm: RmsNorm::load(ckpt, "model.norm.weight", d, c.rms_norm_eps)?, lm_head })
+        Ok(KimiLinear {
+            info,
+            embed_tokens,
+            layers,
+            norm: RmsNorm::load(ckpt, "model.norm.weight", d, c.rms_norm_eps)?,
+            lm_head,
+        })
     }
 }
 
@@ -356,16 +430,30 @@ impl CausalLm for KimiLinear {
                 Mixer::Mla(_) => None,
             })
             .collect();
-        SeqState { linear, ..SeqState::default() }
+        SeqState {
+            linear,
+            ..SeqState::default()
+        }
     }
 
-    fn forward(&self, cache: &mut KvPool, batch: &mut [SeqBatch<'_>]) -> std::result::Result<Vec<f32>, EngineError> {
+    fn forward(
+        &self,
+        cache: &mut KvPool,
+        batch: &mut [SeqBatch<'_>],
+    ) -> std::result::Result<Vec<f32>, EngineError> {
         for s in batch.iter() {
             if s.state.linear.len() != self.info.linear_layers {
-                return Err(EngineError::InvalidInput("sequence state was not made by this model's new_state()".into()));
+                return Err(EngineError::InvalidInput(
+                    "sequence state was not made by this model's new_state()".into(),
+                ));
             }
         }
-        let layout = BatchLayout::prepare(batch, cache, self.info.kv_layers > 0, self.info.max_position)?;
+        let layout = BatchLayout::prepare(
+            batch,
+            cache,
+            self.info.kv_layers > 0,
+            self.info.max_position,
+        )?;
         let mut h = embed(&self.embed_tokens, &layout.tokens)?;
         for layer in &self.layers {
             let x = layer.input_layernorm.forward(&h);
@@ -392,13 +480,19 @@ impl CausalLm for KimiLinear {
 
 impl MoeModel for KimiLinear {
     fn experts(&self) -> Vec<Vec<std::sync::Arc<dyn ExpertFfn>>> {
-        self.layers.iter().filter_map(|l| match &l.ffn { Ffn::Moe(m) => Some(m.experts.clone()), Ffn::Dense(_) => None }).collect()
+        self.layers
+            .iter()
+            .filter_map(|l| match &l.ffn {
+                Ffn::Moe(m) => Some(m.experts.clone()),
+                Ffn::Dense(_) => None,
+            })
+            .collect()
     }
 
     fn set_expert_dispatch(&self, dispatch: std::sync::Arc<dyn ExpertDispatch>) {
         for l in &self.layers {
             if let Ffn::Moe(m) = &l.ffn {
-                *m.dispatch.write().expect("dispatch lock is never poisoned") = Some(dispatch.clone());
+                m.set_dispatch(dispatch.clone());
             }
         }
     }

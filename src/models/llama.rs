@@ -36,7 +36,9 @@ use serde_json::Value;
 use super::layers::gqa::GqaAttention;
 use super::layers::moe::MoeBlock;
 use super::layers::{add_inplace, embed, logits, BatchLayout, GluAct, Mlp, RmsNorm};
-use super::{CausalLm, EngineError, ExpertDispatch, ExpertFfn, ModelInfo, MoeModel, SeqBatch, SeqState};
+use super::{
+    CausalLm, EngineError, ExpertDispatch, ExpertFfn, ModelInfo, MoeModel, SeqBatch, SeqState,
+};
 use crate::checkpoint::Checkpoint;
 use crate::config::{defaults, parse_config, rope_from_config};
 use crate::error::{Error, Result};
@@ -125,14 +127,24 @@ impl LlamaMoeConfig {
         let scoring = match self.scoring_func.as_str() {
             "sigmoid" => Scoring::Sigmoid,
             "softmax" => Scoring::Softmax,
-            other => return Err(Error::Config(format!("unsupported scoring_func `{other}` (supported: sigmoid, softmax)"))),
+            other => {
+                return Err(Error::Config(format!(
+                    "unsupported scoring_func `{other}` (supported: sigmoid, softmax)"
+                )))
+            }
         };
         let e = self.n_routed_experts;
         if e == 0 || self.n_group == 0 || !e.is_multiple_of(self.n_group) {
-            return Err(Error::Config(format!("n_routed_experts {e} must be > 0 and divisible by n_group {}", self.n_group)));
+            return Err(Error::Config(format!(
+                "n_routed_experts {e} must be > 0 and divisible by n_group {}",
+                self.n_group
+            )));
         }
         if !(1..=self.n_group).contains(&self.topk_group) {
-            return Err(Error::Config(format!("topk_group {} must be in 1..={}", self.topk_group, self.n_group)));
+            return Err(Error::Config(format!(
+                "topk_group {} must be in 1..={}",
+                self.topk_group, self.n_group
+            )));
         }
         let reachable = self.topk_group * (e / self.n_group);
         if self.num_experts_per_tok == 0 || self.num_experts_per_tok > reachable {
@@ -142,7 +154,10 @@ impl LlamaMoeConfig {
             )));
         }
         if self.moe_layer_freq != 1 {
-            return Err(Error::Config(format!("moe_layer_freq {} is not supported (only 1)", self.moe_layer_freq)));
+            return Err(Error::Config(format!(
+                "moe_layer_freq {} is not supported (only 1)",
+                self.moe_layer_freq
+            )));
         }
         Ok(RouterConfig {
             scoring,
@@ -206,32 +221,78 @@ pub struct Llama {
 }
 
 /// Loads the DeepSeek-V3 MoE block of layer prefix `p` (`model.layers.3`).
-fn load_moe(ckpt: &Checkpoint, p: &str, d: usize, m: &LlamaMoeConfig, router: &RouterConfig, act: GluAct, moe_layer: usize) -> Result<MoeBlock> {
+fn load_moe(
+    ckpt: &Checkpoint,
+    p: &str,
+    d: usize,
+    m: &LlamaMoeConfig,
+    router: &RouterConfig,
+    act: GluAct,
+    moe_layer: usize,
+) -> Result<MoeBlock> {
     let e = m.n_routed_experts;
     let names = ["gate_proj", "up_proj", "down_proj"];
     let experts = (0..e)
-        .map(|j| Mlp::load(ckpt, &format!("{p}.mlp.experts.{j}"), names, d, m.moe_intermediate_size, act))
+        .map(|j| {
+            Mlp::load(
+                ckpt,
+                &format!("{p}.mlp.experts.{j}"),
+                names,
+                d,
+                m.moe_intermediate_size,
+                act,
+            )
+        })
         .collect::<Result<Vec<_>>>()?;
     let shared = if m.n_shared_experts > 0 {
-        Some(Mlp::load(ckpt, &format!("{p}.mlp.shared_experts"), names, d, m.moe_intermediate_size * m.n_shared_experts, act)?)
+        Some(Mlp::load(
+            ckpt,
+            &format!("{p}.mlp.shared_experts"),
+            names,
+            d,
+            m.moe_intermediate_size * m.n_shared_experts,
+            act,
+        )?)
     } else {
         None
     };
     let bias_name = format!("{p}.mlp.gate.e_score_correction_bias");
-    let bias = if ckpt.has(&bias_name) { Some(ckpt.vector(&bias_name, e)?) } else { None };
+    let bias = if ckpt.has(&bias_name) {
+        Some(ckpt.vector(&bias_name, e)?)
+    } else {
+        None
+    };
     let gate = ckpt.matrix(&format!("{p}.mlp.gate.weight"), e, d)?;
-    Ok(MoeBlock::new(gate, bias, experts, shared, router.clone(), moe_layer))
+    Ok(MoeBlock::new(
+        gate,
+        bias,
+        experts,
+        shared,
+        router.clone(),
+        moe_layer,
+    ))
 }
 
 impl Llama {
     /// Loads the weights named by `config` from `ckpt`.
-    pub fn load(config: &Value, cfg_path: &Path, ckpt: &Checkpoint, eos_ids: Vec<u32>) -> Result<Llama> {
+    pub fn load(
+        config: &Value,
+        cfg_path: &Path,
+        ckpt: &Checkpoint,
+        eos_ids: Vec<u32>,
+    ) -> Result<Llama> {
         let c: LlamaConfig = parse_config(config, cfg_path)?;
         if c.attention_bias {
-            return Err(Error::Config("llama with attention_bias=true is not supported".into()));
+            return Err(Error::Config(
+                "llama with attention_bias=true is not supported".into(),
+            ));
         }
         let moe: Option<LlamaMoeConfig> =
-            if config.get("n_routed_experts").is_some_and(|v| !v.is_null()) { Some(parse_config(config, cfg_path)?) } else { None };
+            if config.get("n_routed_experts").is_some_and(|v| !v.is_null()) {
+                Some(parse_config(config, cfg_path)?)
+            } else {
+                None
+            };
         let router = moe.as_ref().map(LlamaMoeConfig::router).transpose()?;
         let heads = c.num_attention_heads;
         let kv_heads = c.num_key_value_heads.unwrap_or(heads);
@@ -244,15 +305,45 @@ impl Llama {
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
             let p = format!("model.layers.{i}");
-            let shape = AttnShape { q_heads: heads, kv_heads, head_dim, v_dim: head_dim };
+            let shape = AttnShape {
+                q_heads: heads,
+                kv_heads,
+                head_dim,
+                v_dim: head_dim,
+            };
             let mlp = match (&moe, &router) {
-                (Some(m), Some(r)) if i >= m.first_k_dense_replace => Ffn::Moe(load_moe(ckpt, &p, d, m, r, act, i - m.first_k_dense_replace)?),
-                _ => Ffn::Dense(Mlp::load(ckpt, &format!("{p}.mlp"), ["gate_proj", "up_proj", "down_proj"], d, c.intermediate_size, act)?),
+                (Some(m), Some(r)) if i >= m.first_k_dense_replace => Ffn::Moe(load_moe(
+                    ckpt,
+                    &p,
+                    d,
+                    m,
+                    r,
+                    act,
+                    i - m.first_k_dense_replace,
+                )?),
+                _ => Ffn::Dense(Mlp::load(
+                    ckpt,
+                    &format!("{p}.mlp"),
+                    ["gate_proj", "up_proj", "down_proj"],
+                    d,
+                    c.intermediate_size,
+                    act,
+                )?),
             };
             layers.push(LlamaLayer {
-                input_layernorm: RmsNorm::load(ckpt, &format!("{p}.input_layernorm.weight"), d, c.rms_norm_eps)?,
+                input_layernorm: RmsNorm::load(
+                    ckpt,
+                    &format!("{p}.input_layernorm.weight"),
+                    d,
+                    c.rms_norm_eps,
+                )?,
                 self_attn: GqaAttention::load(ckpt, &format!("{p}.self_attn"), d, shape, i)?,
-                post_attention_layernorm: RmsNorm::load(ckpt, &format!("{p}.post_attention_layernorm.weight"), d, c.rms_norm_eps)?,
+                post_attention_layernorm: RmsNorm::load(
+                    ckpt,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    d,
+                    c.rms_norm_eps,
+                )?,
                 mlp,
             });
         }
@@ -296,11 +387,20 @@ impl CausalLm for Llama {
         SeqState::default()
     }
 
-    fn forward(&self, cache: &mut KvPool, batch: &mut [SeqBatch<'_>]) -> std::result::Result<Vec<f32>, EngineError> {
+    fn forward(
+        &self,
+        cache: &mut KvPool,
+        batch: &mut [SeqBatch<'_>],
+    ) -> std::result::Result<Vec<f32>, EngineError> {
         let layout = BatchLayout::prepare(batch, cache, true, self.info.max_position)?;
         let mut h = embed(&self.embed_tokens, &layout.tokens)?;
         for layer in &self.layers {
-            let a = layer.self_attn.forward(&layer.input_layernorm.forward(&h), &layout, &self.rope, cache);
+            let a = layer.self_attn.forward(
+                &layer.input_layernorm.forward(&h),
+                &layout,
+                &self.rope,
+                cache,
+            );
             add_inplace(&mut h, &a);
             let x = layer.post_attention_layernorm.forward(&h);
             let m = match &layer.mlp {
@@ -336,7 +436,7 @@ impl MoeModel for Llama {
     fn set_expert_dispatch(&self, dispatch: Arc<dyn ExpertDispatch>) {
         for l in &self.layers {
             if let Ffn::Moe(m) = &l.mlp {
-                *m.dispatch.write().expect("dispatch lock is never poisoned") = Some(dispatch.clone());
+                m.set_dispatch(dispatch.clone());
             }
         }
     }

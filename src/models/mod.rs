@@ -26,14 +26,18 @@ use crate::config::{eos_ids, model_type, read_json};
 use crate::error::{Error, Result};
 
 pub use caracal_actors::engine::{
-    CausalLm, EngineError, ExpertDispatch, ExpertFfn, LinearState, LogitsMode, ModelInfo, MoeModel, SeqBatch, SeqState,
+    CausalLm, EngineError, ExpertDispatch, ExpertFfn, LinearState, LogitsMode, ModelInfo, MoeModel,
+    SeqBatch, SeqState,
 };
 
 /// Loads the model in `dir`, dispatching on `model_type`.
 pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
     let cfg_path = dir.join("config.json");
     if !cfg_path.exists() {
-        return Err(Error::io(&cfg_path, std::io::Error::new(std::io::ErrorKind::NotFound, "config.json is missing")));
+        return Err(Error::io(
+            &cfg_path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "config.json is missing"),
+        ));
     }
     let config = read_json(&cfg_path, "config.json")?;
     let mt = model_type(&config)?;
@@ -41,8 +45,12 @@ pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
     let eos = eos_ids(dir, &config);
     let model: Box<dyn CausalLm> = match mt.as_str() {
         "llama" => Box::new(llama::Llama::load(&config, &cfg_path, &ckpt, eos)?),
-        "deepseek_v3" | "kimi_k2" => Box::new(deepseek_v3::DeepseekV3::load(&config, &cfg_path, &ckpt, eos)?),
-        "kimi_linear" => Box::new(kimi_linear::KimiLinear::load(&config, &cfg_path, &ckpt, eos)?),
+        "deepseek_v3" | "kimi_k2" => Box::new(deepseek_v3::DeepseekV3::load(
+            &config, &cfg_path, &ckpt, eos,
+        )?),
+        "kimi_linear" => Box::new(kimi_linear::KimiLinear::load(
+            &config, &cfg_path, &ckpt, eos,
+        )?),
         "kimi_k3" => Box::new(kimi_k3::KimiK3::load(&config, &cfg_path, &ckpt, eos)?),
         other => unreachable!("model_type() only returns supported types, got {other}"),
     };

@@ -73,7 +73,11 @@ impl DeviceKind {
 
     /// Case-insensitive lookup (`h200`, `mi355x`, `4090`, `rtx-4090`, `cpu`).
     pub fn parse(s: &str) -> Option<DeviceKind> {
-        let key: String = s.chars().filter(|c| c.is_ascii_alphanumeric()).collect::<String>().to_ascii_uppercase();
+        let key: String = s
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .collect::<String>()
+            .to_ascii_uppercase();
         match key.as_str() {
             "4090" | "RTX4090" => Some(DeviceKind::RTX4090),
             "MI355" => Some(DeviceKind::MI355X),
@@ -100,25 +104,41 @@ impl DeviceSpec {
     pub fn parse(s: &str, memory_override: Option<u64>) -> Result<DeviceSpec> {
         let bad = |why: String| Error::Config(format!("--devices `{s}`: {why}"));
         let t = s.trim();
-        let (count, kind) =
-            match t.find(['x', 'X', '×', '*']).filter(|&i| t[..i].chars().all(|c| c.is_ascii_digit()) && i > 0) {
-                Some(i) => {
-                    let sep = t[i..].chars().next().expect("find returned a char boundary").len_utf8();
-                    (t[..i].parse::<u64>().map_err(|e| bad(e.to_string()))?, &t[i + sep..])
-                }
-                None => (1, t),
-            };
+        let (count, kind) = match t
+            .find(['x', 'X', '×', '*'])
+            .filter(|&i| t[..i].chars().all(|c| c.is_ascii_digit()) && i > 0)
+        {
+            Some(i) => {
+                let sep = t[i..]
+                    .chars()
+                    .next()
+                    .expect("find returned a char boundary")
+                    .len_utf8();
+                (
+                    t[..i].parse::<u64>().map_err(|e| bad(e.to_string()))?,
+                    &t[i + sep..],
+                )
+            }
+            None => (1, t),
+        };
         if count == 0 {
             return Err(bad("device count must be at least 1".into()));
         }
         let kind = DeviceKind::parse(kind).ok_or_else(|| {
             let known: Vec<&str> = DeviceKind::ALL.iter().map(|k| k.name()).collect();
-            bad(format!("unknown device kind `{kind}`; known: {}", known.join(", ")))
+            bad(format!(
+                "unknown device kind `{kind}`; known: {}",
+                known.join(", ")
+            ))
         })?;
-        let bytes_per_device = memory_override
-            .or(kind.memory_bytes())
-            .ok_or_else(|| bad("CPU has no fixed memory size; pass --memory (e.g. 1536GB)".into()))?;
-        Ok(DeviceSpec { count, kind, bytes_per_device })
+        let bytes_per_device = memory_override.or(kind.memory_bytes()).ok_or_else(|| {
+            bad("CPU has no fixed memory size; pass --memory (e.g. 1536GB)".into())
+        })?;
+        Ok(DeviceSpec {
+            count,
+            kind,
+            bytes_per_device,
+        })
     }
 }
 
@@ -126,9 +146,15 @@ impl DeviceSpec {
 /// Decimal units (`KB`, `MB`, `GB`, `TB`) are powers of 1000, binary (`KiB`…`TiB`) of 1024.
 pub fn parse_bytes(s: &str) -> Result<u64> {
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = (t[..split].trim(), t[split..].trim());
-    let bad = || Error::Config(format!("--memory `{s}`: expected a size like 512GB, 480GiB or 1.5TB"));
+    let bad = || {
+        Error::Config(format!(
+            "--memory `{s}`: expected a size like 512GB, 480GiB or 1.5TB"
+        ))
+    };
     let value: f64 = num.parse().map_err(|_| bad())?;
     let scale = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
@@ -157,11 +183,23 @@ mod tests {
     fn parses_count_and_kind_in_every_spelling() {
         for s in ["8xH200", "8×h200", "8*H200", " 8XH200 "] {
             let d = DeviceSpec::parse(s, None).unwrap();
-            assert_eq!((d.count, d.kind, d.bytes_per_device), (8, DeviceKind::H200, 141_000_000_000), "{s}");
+            assert_eq!(
+                (d.count, d.kind, d.bytes_per_device),
+                (8, DeviceKind::H200, 141_000_000_000),
+                "{s}"
+            );
         }
         assert_eq!(DeviceSpec::parse("B300", None).unwrap().count, 1);
-        assert_eq!(DeviceSpec::parse("2x4090", None).unwrap().kind, DeviceKind::RTX4090);
-        assert_eq!(DeviceSpec::parse("4xMI355X", None).unwrap().bytes_per_device, 288_000_000_000);
+        assert_eq!(
+            DeviceSpec::parse("2x4090", None).unwrap().kind,
+            DeviceKind::RTX4090
+        );
+        assert_eq!(
+            DeviceSpec::parse("4xMI355X", None)
+                .unwrap()
+                .bytes_per_device,
+            288_000_000_000
+        );
     }
 
     #[test]
@@ -176,7 +214,10 @@ mod tests {
     fn unknown_kind_and_zero_count_are_named() {
         let err = DeviceSpec::parse("8xV100", None).unwrap_err().to_string();
         assert!(err.contains("V100") && err.contains("H200"), "{err}");
-        assert!(DeviceSpec::parse("0xH100", None).unwrap_err().to_string().contains("at least 1"));
+        assert!(DeviceSpec::parse("0xH100", None)
+            .unwrap_err()
+            .to_string()
+            .contains("at least 1"));
     }
 
     #[test]

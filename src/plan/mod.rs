@@ -36,8 +36,9 @@ use serde::Serialize;
 
 pub use devices::{parse_bytes, DeviceKind, DeviceSpec};
 pub use model::{
-    AttentionKind, Component, Family, GqaDims, KdaDims, MlaDims, MoeDims, PlanModel, ProjectorArch, PublishedFigure,
-    StoredDtype, StoredWeights, TensorKind, TensorSpec, TextArch, VisionArch, PRESETS,
+    AttentionKind, Component, Family, GqaDims, KdaDims, MlaDims, MoeDims, PlanModel, ProjectorArch,
+    PublishedFigure, StoredDtype, StoredWeights, TensorKind, TensorSpec, TextArch, VisionArch,
+    PRESETS,
 };
 pub use render::render_table;
 pub use weights::{format_for, tensor_bytes, use_more_bits, StorageFormat, WeightScheme};
@@ -87,7 +88,9 @@ impl FromStr for CacheDtype {
         match s.to_ascii_lowercase().as_str() {
             "bf16" | "fp16" | "auto" => Ok(CacheDtype::Bf16),
             "fp8" | "fp8_e4m3" => Ok(CacheDtype::Fp8),
-            _ => Err(Error::Config(format!("--kv-cache-dtype must be bf16 or fp8, got `{s}`"))),
+            _ => Err(Error::Config(format!(
+                "--kv-cache-dtype must be bf16 or fp8, got `{s}`"
+            ))),
         }
     }
 }
@@ -309,24 +312,40 @@ pub struct PlanReport {
 /// Bytes of the whole model under `scheme`, and parameters.
 fn scheme_total(specs: &[TensorSpec], scheme: WeightScheme, n_layers: usize) -> SchemeTotal {
     let params: u64 = specs.iter().map(|s| s.params()).sum();
-    let bytes: u64 = specs.iter().map(|s| tensor_bytes(scheme, s, n_layers).1).sum();
-    SchemeTotal { scheme, bytes, bits_per_weight: bytes as f64 * 8.0 / params.max(1) as f64 }
+    let bytes: u64 = specs
+        .iter()
+        .map(|s| tensor_bytes(scheme, s, n_layers).1)
+        .sum();
+    SchemeTotal {
+        scheme,
+        bytes,
+        bits_per_weight: bytes as f64 * 8.0 / params.max(1) as f64,
+    }
 }
 
 /// Cache sizes of `model` for `opts`.
 fn cache_report(model: &PlanModel, opts: &PlanOptions) -> CacheReport {
     let t = &model.text;
-    let (mla_layers, gqa_layers, kda_layers) =
-        (t.count(AttentionKind::Mla) as u64, t.count(AttentionKind::Gqa) as u64, t.count(AttentionKind::Kda) as u64);
+    let (mla_layers, gqa_layers, kda_layers) = (
+        t.count(AttentionKind::Mla) as u64,
+        t.count(AttentionKind::Gqa) as u64,
+        t.count(AttentionKind::Kda) as u64,
+    );
     let mla_values = t.mla.as_ref().map_or(0, |m| m.kv_lora_rank + m.qk_rope);
     let gqa_values = t.gqa.as_ref().map_or(0, |g| 2 * g.kv_heads * g.head_dim);
     let (kda_state, kda_conv) = t.kda.as_ref().map_or((0, 0), |k| {
         let p = k.heads * k.head_dim;
-        (kda_layers * k.heads * k.head_dim * k.head_dim * 4, kda_layers * 3 * p * k.conv_kernel.saturating_sub(1) * 2)
+        (
+            kda_layers * k.heads * k.head_dim * k.head_dim * 4,
+            kda_layers * 3 * p * k.conv_kernel.saturating_sub(1) * 2,
+        )
     });
     let replicas = opts.mla_cache_replicas.max(1);
-    let per_token = (mla_layers * mla_values * replicas + gqa_layers * gqa_values) * opts.kv_cache.bytes();
-    let blocks = t.attn_res_block.map_or(0, |b| t.layers.div_ceil(b.max(1)) as u64);
+    let per_token =
+        (mla_layers * mla_values * replicas + gqa_layers * gqa_values) * opts.kv_cache.bytes();
+    let blocks = t
+        .attn_res_block
+        .map_or(0, |b| t.layers.div_ceil(b.max(1)) as u64);
     CacheReport {
         context: opts.context,
         kv_dtype: opts.kv_cache,
@@ -374,7 +393,16 @@ fn device_report(opts: &PlanOptions, weight_bytes: u64, session_bytes: u64) -> D
             opts.utilisation,
             gb(d.count * opts.reserve_per_device)
         );
-        (0, 0, false, format!("does not fit: weights need {}, devices offer {} ({why})", gb(weight_bytes), gb(budget)))
+        (
+            0,
+            0,
+            false,
+            format!(
+                "does not fit: weights need {}, devices offer {} ({why})",
+                gb(weight_bytes),
+                gb(budget)
+            ),
+        )
     } else {
         let free = budget - weight_bytes;
         let n = free / session_bytes.max(1);
@@ -416,11 +444,15 @@ fn device_report(opts: &PlanOptions, weight_bytes: u64, session_bytes: u64) -> D
 fn architecture_line(m: &PlanModel) -> String {
     let t = &m.text;
     let mut parts = vec![format!("{} layers", t.layers)];
-    let kinds: Vec<String> = [(AttentionKind::Kda, "KDA"), (AttentionKind::Mla, "MLA"), (AttentionKind::Gqa, "GQA")]
-        .iter()
-        .filter(|(k, _)| t.count(*k) > 0)
-        .map(|(k, n)| format!("{} {n}", t.count(*k)))
-        .collect();
+    let kinds: Vec<String> = [
+        (AttentionKind::Kda, "KDA"),
+        (AttentionKind::Mla, "MLA"),
+        (AttentionKind::Gqa, "GQA"),
+    ]
+    .iter()
+    .filter(|(k, _)| t.count(*k) > 0)
+    .map(|(k, n)| format!("{} {n}", t.count(*k)))
+    .collect();
     parts[0] += &format!(" ({})", kinds.join(" + "));
     parts.push(format!("d {}", t.hidden));
     parts.push(format!("vocab {}", t.vocab));
@@ -441,7 +473,10 @@ fn architecture_line(m: &PlanModel) -> String {
         parts.push(format!("AttnRes block {b}"));
     }
     if let Some(v) = &m.vision {
-        parts.push(format!("vision {}×{} ({})", v.layers, v.hidden, v.projector.kind));
+        parts.push(format!(
+            "vision {}×{} ({})",
+            v.layers, v.hidden, v.projector.kind
+        ));
     }
     parts.join(" | ")
 }
@@ -449,7 +484,10 @@ fn architecture_line(m: &PlanModel) -> String {
 /// Plans `model` on `opts`: counts, bytes, caches and the verdict.
 pub fn plan(model: &PlanModel, opts: &PlanOptions) -> Result<PlanReport> {
     if !(opts.utilisation > 0.0 && opts.utilisation <= 1.0) {
-        return Err(Error::Config(format!("utilisation must be in (0, 1], got {}", opts.utilisation)));
+        return Err(Error::Config(format!(
+            "utilisation must be in (0, 1], got {}",
+            opts.utilisation
+        )));
     }
     if opts.context == 0 {
         return Err(Error::Config("--context must be at least 1 token".into()));
@@ -476,14 +514,27 @@ pub fn plan(model: &PlanModel, opts: &PlanOptions) -> Result<PlanReport> {
                 f.params += s.params();
                 f.bytes += bytes;
             }
-            None => row.formats.push(FormatBytes { format, params: s.params(), bytes }),
+            None => row.formats.push(FormatBytes {
+                format,
+                params: s.params(),
+                bytes,
+            }),
         }
     }
     let components: Vec<ComponentRow> = rows.into_values().collect();
-    let sum = |c: Component| components.iter().find(|r| r.component == c).map_or(0, |r| r.params);
+    let sum = |c: Component| {
+        components
+            .iter()
+            .find(|r| r.component == c)
+            .map_or(0, |r| r.params)
+    };
     let mut by_format: BTreeMap<StorageFormat, FormatBytes> = BTreeMap::new();
     for f in components.iter().flat_map(|r| r.formats.iter()) {
-        let e = by_format.entry(f.format).or_insert(FormatBytes { format: f.format, params: 0, bytes: 0 });
+        let e = by_format.entry(f.format).or_insert(FormatBytes {
+            format: f.format,
+            params: 0,
+            bytes: 0,
+        });
         e.params += f.params;
         e.bytes += f.bytes;
     }
@@ -506,12 +557,18 @@ pub fn plan(model: &PlanModel, opts: &PlanOptions) -> Result<PlanReport> {
         routed_experts: sum(Component::RoutedExperts),
         active,
     };
-    let schemes: Vec<SchemeTotal> = WeightScheme::ALL.iter().map(|&s| scheme_total(&specs, s, n_layers)).collect();
+    let schemes: Vec<SchemeTotal> = WeightScheme::ALL
+        .iter()
+        .map(|&s| scheme_total(&specs, s, n_layers))
+        .collect();
     let published = model
         .published
         .iter()
         .map(|p| {
-            let planned = schemes.iter().find(|s| s.scheme == p.scheme).expect("ALL covers every scheme");
+            let planned = schemes
+                .iter()
+                .find(|s| s.scheme == p.scheme)
+                .expect("ALL covers every scheme");
             PublishedCheck {
                 label: p.label.clone(),
                 scheme: p.scheme,
@@ -523,8 +580,16 @@ pub fn plan(model: &PlanModel, opts: &PlanOptions) -> Result<PlanReport> {
             }
         })
         .collect();
-    let packed = |s: &StoredWeights| s.by_dtype.iter().any(|d| d.dtype == "u8" || d.dtype == "i32");
-    let stored_matches_plan = model.stored.as_ref().filter(|s| !packed(s)).map(|s| s.elements == total);
+    let packed = |s: &StoredWeights| {
+        s.by_dtype
+            .iter()
+            .any(|d| d.dtype == "u8" || d.dtype == "i32")
+    };
+    let stored_matches_plan = model
+        .stored
+        .as_ref()
+        .filter(|s| !packed(s))
+        .map(|s| s.elements == total);
     let cache = cache_report(model, opts);
     let weight_bytes = components.iter().map(|r| r.bytes).sum();
     let devices = device_report(opts, weight_bytes, cache.session_bytes);
@@ -587,7 +652,10 @@ pub fn run_plan(args: &PlanArgs) -> Result<String> {
         (Some(dir), None) => PlanModel::from_dir(dir)?,
         (None, Some(p)) => PlanModel::preset(p)?,
         _ => {
-            return Err(Error::Config(format!("give exactly one of --model DIR or --preset ({})", PRESETS.join(", "))))
+            return Err(Error::Config(format!(
+                "give exactly one of --model DIR or --preset ({})",
+                PRESETS.join(", ")
+            )))
         }
     };
     let memory = args.memory.as_deref().map(parse_bytes).transpose()?;
@@ -595,8 +663,17 @@ pub fn run_plan(args: &PlanArgs) -> Result<String> {
     let opts = PlanOptions {
         devices: DeviceSpec::parse(args.devices.as_deref().unwrap_or("8xH200"), memory)?,
         context: args.context.unwrap_or(DEFAULT_CONTEXT),
-        weights: args.weights.as_deref().map(WeightScheme::from_str).transpose()?,
-        kv_cache: args.kv_cache.as_deref().map(CacheDtype::from_str).transpose()?.unwrap_or(CacheDtype::Bf16),
+        weights: args
+            .weights
+            .as_deref()
+            .map(WeightScheme::from_str)
+            .transpose()?,
+        kv_cache: args
+            .kv_cache
+            .as_deref()
+            .map(CacheDtype::from_str)
+            .transpose()?
+            .unwrap_or(CacheDtype::Bf16),
         utilisation: args.utilisation.unwrap_or(DEFAULT_UTILISATION),
         reserve_per_device: args
             .reserve
@@ -608,7 +685,8 @@ pub fn run_plan(args: &PlanArgs) -> Result<String> {
     };
     let report = plan(&model, &opts)?;
     Ok(if args.json {
-        serde_json::to_string_pretty(&report).expect("the report holds only plain numbers and strings")
+        serde_json::to_string_pretty(&report)
+            .expect("the report holds only plain numbers and strings")
     } else {
         render_table(&report)
     })
@@ -639,7 +717,8 @@ mod tests {
         let (d, v, h, hd) = (7168u64, 163_840u64, 96u64, 128u64);
         let p = h * hd;
         let kda = 5 * p * d + hd * d + p * hd + h * d + 3 * p * 4 + h + p + hd;
-        let mla = 1536 * d + 1536 + h * 192 * 1536 + 576 * d + 512 + h * 256 * 512 + 2 * d * h * 128;
+        let mla =
+            1536 * d + 1536 + h * 192 * 1536 + 576 * d + 512 + h * 256 * 512 + 2 * d * h * 128;
         let routed_layer = 896 * 3 * 3584 * 3072;
         let moe = 896 * d + 896 + routed_layer + 2 * 3584 * d + 3584 + 3 * d * 6144;
         let text = 2 * v * d + 69 * kda + 24 * mla + 93 * 6 * d + 3 * d + 3 * d * 33792 + 92 * moe;
@@ -659,8 +738,16 @@ mod tests {
         assert_eq!(r.params.routed_experts, routed);
         assert_eq!(r.params.vision_tower, 401_214_464, "401.2M MoonViT3d tower");
         assert_eq!(r.params.projector, 46_144_512);
-        let attn_res = r.components.iter().find(|c| c.component == Component::AttnRes).unwrap();
-        assert_eq!(attn_res.params, 4 * 7168 * 93 + 2 * 7168, "4·d per layer + 2·d");
+        let attn_res = r
+            .components
+            .iter()
+            .find(|c| c.component == Component::AttnRes)
+            .unwrap();
+        assert_eq!(
+            attn_res.params,
+            4 * 7168 * 93 + 2 * 7168,
+            "4·d per layer + 2·d"
+        );
     }
 
     #[test]
@@ -670,7 +757,10 @@ mod tests {
         let emb = 163_840 * 7168;
         assert_eq!(r.params.active.with_embedding, with_embedding);
         assert_eq!(r.params.active.without_embedding, with_embedding - emb);
-        assert_eq!(r.params.active.without_embedding_and_lm_head, with_embedding - 2 * emb);
+        assert_eq!(
+            r.params.active.without_embedding_and_lm_head,
+            with_embedding - 2 * emb
+        );
         // §0: 104.19B (headline, excl. input embedding), 105.36B incl. it, 103.02B excl. both; ±0.005B.
         let bn = |x: u64| x as f64 / 1e9;
         assert!((bn(r.params.active.without_embedding) - 104.19).abs() < 0.005);
@@ -688,19 +778,31 @@ mod tests {
         let tib = expect as f64 / (1u64 << 40) as f64;
         assert!((tib - 1.420).abs() < 0.001, "{tib} TiB");
         assert!((expect as f64 / 1e9 - 1561.0).abs() < 0.5, "≈1,561 GB");
-        let mx = r.weights_by_format.iter().find(|f| f.format == StorageFormat::Mxfp4).unwrap();
+        let mx = r
+            .weights_by_format
+            .iter()
+            .find(|f| f.format == StorageFormat::Mxfp4)
+            .unwrap();
         assert_eq!(mx.params, routed);
     }
 
     #[test]
     fn k3_bf16_and_fp8_totals() {
         let r = k3(WeightScheme::Bf16, "8xH200", None);
-        assert_eq!(scheme(&r, WeightScheme::Bf16).bytes, 2 * K3_TOTAL, "5,559.9 GB");
+        assert_eq!(
+            scheme(&r, WeightScheme::Bf16).bytes,
+            2 * K3_TOTAL,
+            "5,559.9 GB"
+        );
         let fp8 = scheme(&r, WeightScheme::Fp8);
         // 8 b/w + BF16 for ~3.2B non-linear params (+~2.35B·8 bits) + f32 block scales (32/16384 b/w).
         let gb = fp8.bytes as f64 / 1e9;
         assert!(gb > K3_TOTAL as f64 / 1e9 && gb < 2790.0, "{gb}");
-        assert!(fp8.bits_per_weight > 8.0 && fp8.bits_per_weight < 8.03, "{}", fp8.bits_per_weight);
+        assert!(
+            fp8.bits_per_weight > 8.0 && fp8.bits_per_weight < 8.03,
+            "{}",
+            fp8.bits_per_weight
+        );
     }
 
     #[test]
@@ -708,16 +810,35 @@ mod tests {
         let r = k3(WeightScheme::Q4KM, "8xH200", None);
         let q = scheme(&r, WeightScheme::Q4KM);
         // Reference §7: ≈4.84–4.85 b/w, ≈1,685 GB. Band: ±10 GB / ±0.02 b/w around it.
-        assert!((q.bytes as f64 / 1e9 - 1682.5).abs() < 10.0, "{} GB", q.bytes as f64 / 1e9);
-        assert!((q.bits_per_weight - 4.845).abs() < 0.02, "{}", q.bits_per_weight);
-        let article = r.published.iter().find(|p| p.label.contains("1612.4")).unwrap();
+        assert!(
+            (q.bytes as f64 / 1e9 - 1682.5).abs() < 10.0,
+            "{} GB",
+            q.bytes as f64 / 1e9
+        );
+        assert!(
+            (q.bits_per_weight - 4.845).abs() < 0.02,
+            "{}",
+            q.bits_per_weight
+        );
+        let article = r
+            .published
+            .iter()
+            .find(|p| p.label.contains("1612.4"))
+            .unwrap();
         assert!((article.implied_bits_per_weight - 1612.4e9 * 8.0 / K3_TOTAL as f64).abs() < 1e-12);
         assert!((article.implied_bits_per_weight - 4.64).abs() < 0.001);
         assert!(!article.consistent);
-        let tib = r.published.iter().find(|p| p.label.contains("1.42 TiB")).unwrap();
+        let tib = r
+            .published
+            .iter()
+            .find(|p| p.label.contains("1.42 TiB"))
+            .unwrap();
         assert!(tib.consistent);
         let table = render_table(&r);
-        assert!(table.contains("corresponds to 4.64 bits/weight, not Q4_K_M's"), "{table}");
+        assert!(
+            table.contains("corresponds to 4.64 bits/weight, not Q4_K_M's"),
+            "{table}"
+        );
     }
 
     #[test]
@@ -726,13 +847,24 @@ mod tests {
         let c = &r.cache;
         assert_eq!(c.mla_bytes_per_token_bf16, 24 * 576 * 2);
         assert_eq!(c.mla_bytes_per_token_fp8, 13_824);
-        assert_eq!(c.mla_bytes_per_token_bf16 * (1 << 20), 28_991_029_248, "29.0 GB");
+        assert_eq!(
+            c.mla_bytes_per_token_bf16 * (1 << 20),
+            28_991_029_248,
+            "29.0 GB"
+        );
         assert_eq!(c.kda_state_bytes, 69 * 96 * 128 * 128 * 4);
         assert_eq!(c.kda_conv_bytes, 69 * 3 * 12288 * 3 * 2);
         let mib = (c.kda_state_bytes + c.kda_conv_bytes) as f64 / (1u64 << 20) as f64;
         assert!((mib - 428.6).abs() < 0.05, "{mib} MiB");
-        assert_eq!(c.session_bytes, 28_991_029_248 + c.kda_state_bytes + c.kda_conv_bytes);
-        assert_eq!(c.attn_res_activation_bytes_per_token, 8 * 7168 * 2, "≈115 KB per token (§2.4)");
+        assert_eq!(
+            c.session_bytes,
+            28_991_029_248 + c.kda_state_bytes + c.kda_conv_bytes
+        );
+        assert_eq!(
+            c.attn_res_activation_bytes_per_token,
+            8 * 7168 * 2,
+            "≈115 KB per token (§2.4)"
+        );
     }
 
     #[test]
@@ -742,15 +874,24 @@ mod tests {
         assert_eq!(r.devices.budget_bytes, budget);
         assert!(!r.devices.fits);
         assert!(
-            r.devices.verdict.starts_with("does not fit: weights need 1560.8 GB, devices offer 983.2 GB"),
+            r.devices
+                .verdict
+                .starts_with("does not fit: weights need 1560.8 GB, devices offer 983.2 GB"),
             "{}",
             r.devices.verdict
         );
         let r = k3(WeightScheme::Mxfp4, "8xB300", None);
-        let free = (8.0 * 288e9 * 0.9) as u64 - 8 * DEFAULT_RESERVE_PER_DEVICE - r.devices.weight_bytes;
+        let free =
+            (8.0 * 288e9 * 0.9) as u64 - 8 * DEFAULT_RESERVE_PER_DEVICE - r.devices.weight_bytes;
         assert_eq!(r.devices.sessions, free / r.cache.session_bytes);
         assert_eq!(r.devices.sessions, 16);
-        assert!(r.devices.verdict.starts_with("fits: 16 concurrent 1M-token sessions"), "{}", r.devices.verdict);
+        assert!(
+            r.devices
+                .verdict
+                .starts_with("fits: 16 concurrent 1M-token sessions"),
+            "{}",
+            r.devices.verdict
+        );
     }
 
     #[test]
@@ -758,17 +899,44 @@ mod tests {
         // 1,770 GB · 0.9 − 4 GB = 1,589 GB: weights (1,560.8 GB) fit, one session (29.4 GB) does not.
         let r = k3(WeightScheme::Mxfp4, "cpu", Some(1_770_000_000_000));
         assert!(!r.devices.fits && r.devices.sessions == 0);
-        assert!(r.devices.verdict.contains("but one 1M-token session needs 29.4 GB"), "{}", r.devices.verdict);
+        assert!(
+            r.devices
+                .verdict
+                .contains("but one 1M-token session needs 29.4 GB"),
+            "{}",
+            r.devices.verdict
+        );
     }
 
     #[test]
     fn fp8_cache_and_mla_replicas_scale_the_session() {
         let model = PlanModel::preset("kimi-k3").unwrap();
-        let base = PlanOptions { context: 1000, ..PlanOptions::default() };
+        let base = PlanOptions {
+            context: 1000,
+            ..PlanOptions::default()
+        };
         let state = 69 * 96 * 128 * 128 * 4 + 69 * 3 * 12288 * 3 * 2;
         let bf16 = plan(&model, &base).unwrap().cache.session_bytes;
-        let fp8 = plan(&model, &PlanOptions { kv_cache: CacheDtype::Fp8, ..base.clone() }).unwrap().cache.session_bytes;
-        let tp8 = plan(&model, &PlanOptions { mla_cache_replicas: 8, ..base }).unwrap().cache.session_bytes;
+        let fp8 = plan(
+            &model,
+            &PlanOptions {
+                kv_cache: CacheDtype::Fp8,
+                ..base.clone()
+            },
+        )
+        .unwrap()
+        .cache
+        .session_bytes;
+        let tp8 = plan(
+            &model,
+            &PlanOptions {
+                mla_cache_replicas: 8,
+                ..base
+            },
+        )
+        .unwrap()
+        .cache
+        .session_bytes;
         assert_eq!(bf16, 27_648 * 1000 + state);
         assert_eq!(fp8, 13_824 * 1000 + state);
         assert_eq!(tp8, 8 * 27_648 * 1000 + state);
@@ -776,7 +944,11 @@ mod tests {
 
     #[test]
     fn k2_config_counts_1026_4b_total_and_32_9b_active() {
-        let r = plan(&PlanModel::preset("kimi-k2").unwrap(), &PlanOptions::default()).unwrap();
+        let r = plan(
+            &PlanModel::preset("kimi-k2").unwrap(),
+            &PlanOptions::default(),
+        )
+        .unwrap();
         assert_eq!(r.scheme, WeightScheme::Fp8, "K2 ships block FP8");
         // Direct formula: embedding + lm_head + 61 MLA layers + norms + dense layer 0 + 60 MoE layers.
         let (d, h) = (7168u64, 64u64);
@@ -789,37 +961,73 @@ mod tests {
         // §4.3's 32.9B counts embedding and lm_head.
         assert_eq!(r.params.active.with_embedding, total - 60 * 376 * expert);
         assert!((r.params.active.with_embedding as f64 / 1e9 - 32.9).abs() < 0.05);
-        assert_eq!(r.cache.mla_bytes_per_token_bf16, 70_272, "§7: 61 × 576 × 2 B");
+        assert_eq!(
+            r.cache.mla_bytes_per_token_bf16, 70_272,
+            "§7: 61 × 576 × 2 B"
+        );
     }
 
     #[test]
     fn kimi_linear_48b_is_in_its_class() {
-        let r = plan(&PlanModel::preset("kimi-linear-48b").unwrap(), &PlanOptions::default()).unwrap();
+        let r = plan(
+            &PlanModel::preset("kimi-linear-48b").unwrap(),
+            &PlanOptions::default(),
+        )
+        .unwrap();
         let bn = |x: u64| x as f64 / 1e9;
         // Published as "48B total, 3B active"; the derived count is 49.12B / 3.11B excl. embedding.
-        assert!((bn(r.params.total) - 49.12).abs() < 0.01, "{}", bn(r.params.total));
+        assert!(
+            (bn(r.params.total) - 49.12).abs() < 0.01,
+            "{}",
+            bn(r.params.total)
+        );
         assert!((bn(r.params.active.without_embedding) - 3.11).abs() < 0.01);
-        assert_eq!(r.cache.mla_bytes_per_token_bf16, 8064, "§7: 7 layers × 576 × 2 B");
+        assert_eq!(
+            r.cache.mla_bytes_per_token_bf16, 8064,
+            "§7: 7 layers × 576 × 2 B"
+        );
         let state = r.cache.kda_state_bytes + r.cache.kda_conv_bytes;
-        assert!((state as f64 / (1u64 << 20) as f64 - 41.4).abs() < 0.05, "§7: 41.4 MiB");
+        assert!(
+            (state as f64 / (1u64 << 20) as f64 - 41.4).abs() < 0.05,
+            "§7: 41.4 MiB"
+        );
     }
 
     fn checkpoint_elements(dir: &str) -> u64 {
-        let ckpt = Checkpoint::open(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(dir))
-            .unwrap();
-        ckpt.names().iter().map(|n| ckpt.entry(n).unwrap().shape.iter().product::<usize>() as u64).sum()
+        let ckpt = Checkpoint::open(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(dir),
+        )
+        .unwrap();
+        ckpt.names()
+            .iter()
+            .map(|n| ckpt.entry(n).unwrap().shape.iter().product::<usize>() as u64)
+            .sum()
     }
 
     fn fixture_report(dir: &str) -> PlanReport {
         let args = PlanArgs {
-            model_dir: Some(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(dir)),
+            model_dir: Some(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/fixtures")
+                    .join(dir),
+            ),
             ..PlanArgs::default()
         };
-        let json = run_plan(&PlanArgs { json: true, ..args.clone() }).unwrap();
+        let json = run_plan(&PlanArgs {
+            json: true,
+            ..args.clone()
+        })
+        .unwrap();
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         let model = PlanModel::from_dir(args.model_dir.as_ref().unwrap()).unwrap();
         let report = plan(&model, &PlanOptions::default()).unwrap();
-        assert_eq!(v["params"]["total"].as_u64(), Some(report.params.total), "--json carries the same numbers");
+        assert_eq!(
+            v["params"]["total"].as_u64(),
+            Some(report.params.total),
+            "--json carries the same numbers"
+        );
         report
     }
 
@@ -840,7 +1048,11 @@ mod tests {
         assert_eq!(r.cache.kda_state_bytes, 3 * 2 * 32 * 32 * 4);
         let r = fixture_report("tiny-llama");
         assert_eq!(r.params.total, checkpoint_elements("tiny-llama"));
-        assert_eq!(r.cache.gqa_bytes_per_token_bf16, 2 * 2 * 16 * 2 * 2, "2·kv_heads·head_dim·layers·2 B");
+        assert_eq!(
+            r.cache.gqa_bytes_per_token_bf16,
+            2 * 2 * 16 * 2 * 2,
+            "2·kv_heads·head_dim·layers·2 B"
+        );
         assert_eq!(
             r.params.active.without_embedding, r.params.active.with_embedding,
             "tied: the matrix is the lm_head"
@@ -861,17 +1073,41 @@ mod tests {
         ] {
             assert!(table.contains(needle), "missing {needle}:\n{table}");
         }
-        assert!(table.trim_end().lines().last().unwrap().starts_with("verdict: does not fit"));
+        assert!(table
+            .trim_end()
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("verdict: does not fit"));
     }
 
     #[test]
     fn run_plan_rejects_bad_arguments() {
-        assert!(run_plan(&PlanArgs::default()).unwrap_err().to_string().contains("--preset"));
-        let bad = PlanArgs { preset: Some("kimi-k3".into()), weights: Some("int2".into()), ..PlanArgs::default() };
-        assert!(run_plan(&bad).unwrap_err().to_string().contains("--weights"));
-        let ctx = PlanArgs { preset: Some("kimi-k2".into()), context: Some(1 << 20), ..PlanArgs::default() };
-        assert!(run_plan(&ctx).unwrap().contains("exceeds the model's max_position_embeddings 131072"));
-        let util = PlanOptions { utilisation: 1.5, ..PlanOptions::default() };
+        assert!(run_plan(&PlanArgs::default())
+            .unwrap_err()
+            .to_string()
+            .contains("--preset"));
+        let bad = PlanArgs {
+            preset: Some("kimi-k3".into()),
+            weights: Some("int2".into()),
+            ..PlanArgs::default()
+        };
+        assert!(run_plan(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("--weights"));
+        let ctx = PlanArgs {
+            preset: Some("kimi-k2".into()),
+            context: Some(1 << 20),
+            ..PlanArgs::default()
+        };
+        assert!(run_plan(&ctx)
+            .unwrap()
+            .contains("exceeds the model's max_position_embeddings 131072"));
+        let util = PlanOptions {
+            utilisation: 1.5,
+            ..PlanOptions::default()
+        };
         assert!(plan(&PlanModel::preset("kimi-k3").unwrap(), &util).is_err());
     }
 }

@@ -358,10 +358,17 @@ impl StoredWeights {
             bytes += e.len as u64;
             *by.entry(e.dtype.name().to_string()).or_default() += e.len as u64;
         }
-        let mut by_dtype: Vec<StoredDtype> =
-            by.into_iter().map(|(dtype, bytes)| StoredDtype { dtype, bytes }).collect();
+        let mut by_dtype: Vec<StoredDtype> = by
+            .into_iter()
+            .map(|(dtype, bytes)| StoredDtype { dtype, bytes })
+            .collect();
         by_dtype.sort_by_key(|d| std::cmp::Reverse(d.bytes));
-        Ok(StoredWeights { tensors: names.len(), elements, bytes, by_dtype })
+        Ok(StoredWeights {
+            tensors: names.len(),
+            elements,
+            bytes,
+            by_dtype,
+        })
     }
 }
 
@@ -408,8 +415,10 @@ impl PlanModel {
     /// Reads `dir/config.json` and, when the folder has safetensors, their headers.
     pub fn from_dir(dir: &Path) -> Result<PlanModel> {
         let config = read_json(&dir.join("config.json"), "config.json")?;
-        let name =
-            dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| dir.display().to_string());
         let mut model = PlanModel::from_config(&config, &name, &dir.display().to_string())?;
         let has_weights = std::fs::read_dir(dir)
             .map_err(|e| Error::io(dir, e))?
@@ -427,7 +436,12 @@ impl PlanModel {
             "kimi-k3" | "k3" => (kimi_k3_config(), "Kimi K3"),
             "kimi-k2" | "k2" => (kimi_k2_config(), "Kimi K2"),
             "kimi-linear-48b" | "kimi-linear" => (kimi_linear_config(), "Kimi-Linear-48B-A3B"),
-            _ => return Err(Error::Config(format!("unknown preset `{name}`; known: {}", PRESETS.join(", ")))),
+            _ => {
+                return Err(Error::Config(format!(
+                    "unknown preset `{name}`; known: {}",
+                    PRESETS.join(", ")
+                )))
+            }
         };
         let mut model = PlanModel::from_config(&config, display, &format!("preset {name}"))?;
         if display == "Kimi K3" {
@@ -437,7 +451,11 @@ impl PlanModel {
                     scheme: WeightScheme::Q4KM,
                     bytes: 1612.4e9,
                 },
-                PublishedFigure { label: "article: FP16 ~5.5 TB".into(), scheme: WeightScheme::Bf16, bytes: 5.5e12 },
+                PublishedFigure {
+                    label: "article: FP16 ~5.5 TB".into(),
+                    scheme: WeightScheme::Bf16,
+                    bytes: 5.5e12,
+                },
                 PublishedFigure {
                     label: "InstantTensor: checkpoint 1.42 TiB".into(),
                     scheme: WeightScheme::Mxfp4,
@@ -450,18 +468,29 @@ impl PlanModel {
 
     /// Builds the model from a parsed `config.json`.
     pub fn from_config(config: &Value, name: &str, source: &str) -> Result<PlanModel> {
-        let model_type = config.get("model_type").and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let model_type = config
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string();
         let wrapped = config.get("text_config").filter(|v| v.is_object());
         let text_value = wrapped.unwrap_or(config);
-        let text_type = match wrapped {
-            Some(t) => t.get("model_type").and_then(|v| v.as_str()).unwrap_or(if model_type == "kimi_k3" {
-                "kimi_linear"
-            } else {
-                ""
-            }),
-            None => model_type.as_str(),
+        let text_type =
+            match wrapped {
+                Some(t) => t.get("model_type").and_then(|v| v.as_str()).unwrap_or(
+                    if model_type == "kimi_k3" {
+                        "kimi_linear"
+                    } else {
+                        ""
+                    },
+                ),
+                None => model_type.as_str(),
+            };
+        let prefix = if wrapped.is_some() {
+            "language_model."
+        } else {
+            ""
         };
-        let prefix = if wrapped.is_some() { "language_model." } else { "" };
         let text = parse_text(text_value, text_type, &format!("{prefix}model."))?;
         let vision = match config.get("vision_config").filter(|v| v.is_object()) {
             Some(v) => Some(parse_vision(v, config, text.hidden)?),
@@ -469,7 +498,10 @@ impl PlanModel {
         };
         let mut notes = Vec::new();
         if text.mtp_layers > 0 {
-            notes.push(format!("{} MTP layer(s) in the checkpoint are not counted (dropped on load)", text.mtp_layers));
+            notes.push(format!(
+                "{} MTP layer(s) in the checkpoint are not counted (dropped on load)",
+                text.mtp_layers
+            ));
         }
         let quant = config
             .get("quantization_config")
@@ -478,7 +510,9 @@ impl PlanModel {
         let native_weights = match quant {
             None => WeightScheme::Bf16,
             Some(q) if q.to_string().to_ascii_lowercase().contains("mxfp4") => WeightScheme::Mxfp4,
-            Some(q) if q.get("quant_method").and_then(|m| m.as_str()) == Some("fp8") => WeightScheme::Fp8,
+            Some(q) if q.get("quant_method").and_then(|m| m.as_str()) == Some("fp8") => {
+                WeightScheme::Fp8
+            }
             Some(q) => {
                 notes.push(format!("unrecognised quantization_config {q}; priced as bf16 unless --weights is given"));
                 WeightScheme::Bf16
@@ -503,36 +537,96 @@ impl PlanModel {
         let mut s = Specs(Vec::new());
         let t = &self.text;
         let (d, p) = (t.hidden, t.prefix.as_str());
-        s.add(Component::Embedding, TensorKind::Embedding, format!("{p}embed_tokens.weight"), t.vocab, d, None);
+        s.add(
+            Component::Embedding,
+            TensorKind::Embedding,
+            format!("{p}embed_tokens.weight"),
+            t.vocab,
+            d,
+            None,
+        );
         if !t.tie_embeddings {
-            s.add(Component::LmHead, TensorKind::LmHead, self.lm_head_name.clone(), t.vocab, d, None);
+            s.add(
+                Component::LmHead,
+                TensorKind::LmHead,
+                self.lm_head_name.clone(),
+                t.vocab,
+                d,
+                None,
+            );
         }
-        s.add(Component::LayerNorms, TensorKind::Small, format!("{p}norm.weight"), 1, d, None);
+        s.add(
+            Component::LayerNorms,
+            TensorKind::Small,
+            format!("{p}norm.weight"),
+            1,
+            d,
+            None,
+        );
         if t.attn_res_block.is_some() {
             for n in ["output_attn_res_norm", "output_attn_res_proj"] {
-                s.add(Component::AttnRes, TensorKind::Small, format!("{p}{n}.weight"), 1, d, None);
+                s.add(
+                    Component::AttnRes,
+                    TensorKind::Small,
+                    format!("{p}{n}.weight"),
+                    1,
+                    d,
+                    None,
+                );
             }
         }
         for i in 0..t.layers {
             let l = format!("{p}layers.{i}.");
             for n in ["input_layernorm", "post_attention_layernorm"] {
-                s.add(Component::LayerNorms, TensorKind::Small, format!("{l}{n}.weight"), 1, d, Some(i));
+                s.add(
+                    Component::LayerNorms,
+                    TensorKind::Small,
+                    format!("{l}{n}.weight"),
+                    1,
+                    d,
+                    Some(i),
+                );
             }
             if t.attn_res_block.is_some() {
-                for n in ["self_attention_res_norm", "self_attention_res_proj", "mlp_res_norm", "mlp_res_proj"] {
-                    s.add(Component::AttnRes, TensorKind::Small, format!("{l}{n}.weight"), 1, d, Some(i));
+                for n in [
+                    "self_attention_res_norm",
+                    "self_attention_res_proj",
+                    "mlp_res_norm",
+                    "mlp_res_proj",
+                ] {
+                    s.add(
+                        Component::AttnRes,
+                        TensorKind::Small,
+                        format!("{l}{n}.weight"),
+                        1,
+                        d,
+                        Some(i),
+                    );
                 }
             }
             let a = format!("{l}self_attn.");
             match t.attention[i] {
-                AttentionKind::Gqa => s.gqa(t.gqa.as_ref().expect("GQA layers have GQA dims"), d, &a, i),
-                AttentionKind::Mla => s.mla(t.mla.as_ref().expect("MLA layers have MLA dims"), d, &a, i),
-                AttentionKind::Kda => s.kda(t.kda.as_ref().expect("KDA layers have KDA dims"), d, &a, i),
+                AttentionKind::Gqa => {
+                    s.gqa(t.gqa.as_ref().expect("GQA layers have GQA dims"), d, &a, i)
+                }
+                AttentionKind::Mla => {
+                    s.mla(t.mla.as_ref().expect("MLA layers have MLA dims"), d, &a, i)
+                }
+                AttentionKind::Kda => {
+                    s.kda(t.kda.as_ref().expect("KDA layers have KDA dims"), d, &a, i)
+                }
             }
             let moe = t.moe.as_ref().filter(|_| t.moe_layers[i]);
             match moe {
                 Some(m) => s.moe(m, t.family, d, &l, i),
-                None => s.mlp(Component::DenseMlp, &format!("{l}mlp."), d, t.dense_intermediate, t.mlp_bias, Some(i)),
+                None => s.mlp(
+                    Component::DenseMlp,
+                    &format!("{l}mlp."),
+                    d,
+                    t.dense_intermediate,
+                    t.mlp_bias,
+                    Some(i),
+                ),
             }
         }
         if let Some(v) = &self.vision {
@@ -555,13 +649,41 @@ impl Specs {
         cols: u64,
         layer: Option<usize>,
     ) {
-        let active = if matches!(component, Component::VisionTower | Component::Projector) { 0 } else { 1 };
-        self.0.push(TensorSpec { name, component, kind, rows, cols, count: 1, active_count: active, layer });
+        let active = if matches!(component, Component::VisionTower | Component::Projector) {
+            0
+        } else {
+            1
+        };
+        self.0.push(TensorSpec {
+            name,
+            component,
+            kind,
+            rows,
+            cols,
+            count: 1,
+            active_count: active,
+            layer,
+        });
     }
 
-    fn linear(&mut self, c: Component, name: String, out: u64, inp: u64, bias: bool, layer: Option<usize>) {
+    fn linear(
+        &mut self,
+        c: Component,
+        name: String,
+        out: u64,
+        inp: u64,
+        bias: bool,
+        layer: Option<usize>,
+    ) {
         if bias {
-            self.add(c, TensorKind::Small, name.replace(".weight", ".bias"), 1, out, layer);
+            self.add(
+                c,
+                TensorKind::Small,
+                name.replace(".weight", ".bias"),
+                1,
+                out,
+                layer,
+            );
         }
         self.add(c, TensorKind::Linear, name, out, inp, layer);
     }
@@ -582,17 +704,59 @@ impl Specs {
         match m.q_lora_rank {
             Some(r) => {
                 self.linear(c, format!("{a}q_a_proj.weight"), r, d, false, l);
-                self.add(c, TensorKind::Small, format!("{a}q_a_layernorm.weight"), 1, r, l);
+                self.add(
+                    c,
+                    TensorKind::Small,
+                    format!("{a}q_a_layernorm.weight"),
+                    1,
+                    r,
+                    l,
+                );
                 self.linear(c, format!("{a}q_b_proj.weight"), q_width, r, false, l);
             }
             None => self.linear(c, format!("{a}q_proj.weight"), q_width, d, false, l),
         }
-        self.linear(c, format!("{a}kv_a_proj_with_mqa.weight"), m.kv_lora_rank + m.qk_rope, d, false, l);
-        self.add(c, TensorKind::Small, format!("{a}kv_a_layernorm.weight"), 1, m.kv_lora_rank, l);
-        self.linear(c, format!("{a}kv_b_proj.weight"), m.heads * (m.qk_nope + m.v_head), m.kv_lora_rank, false, l);
-        self.linear(c, format!("{a}o_proj.weight"), d, m.heads * m.v_head, false, l);
+        self.linear(
+            c,
+            format!("{a}kv_a_proj_with_mqa.weight"),
+            m.kv_lora_rank + m.qk_rope,
+            d,
+            false,
+            l,
+        );
+        self.add(
+            c,
+            TensorKind::Small,
+            format!("{a}kv_a_layernorm.weight"),
+            1,
+            m.kv_lora_rank,
+            l,
+        );
+        self.linear(
+            c,
+            format!("{a}kv_b_proj.weight"),
+            m.heads * (m.qk_nope + m.v_head),
+            m.kv_lora_rank,
+            false,
+            l,
+        );
+        self.linear(
+            c,
+            format!("{a}o_proj.weight"),
+            d,
+            m.heads * m.v_head,
+            false,
+            l,
+        );
         if m.output_gate {
-            self.linear(c, format!("{a}g_proj.weight"), m.heads * m.v_head, d, false, l);
+            self.linear(
+                c,
+                format!("{a}g_proj.weight"),
+                m.heads * m.v_head,
+                d,
+                false,
+                l,
+            );
         }
     }
 
@@ -602,7 +766,14 @@ impl Specs {
         let p = k.heads * k.head_dim;
         for n in ["q", "k", "v"] {
             self.linear(c, format!("{a}{n}_proj.weight"), p, d, false, l);
-            self.add(c, TensorKind::Small, format!("{a}{n}_conv1d.weight"), p, k.conv_kernel, l);
+            self.add(
+                c,
+                TensorKind::Small,
+                format!("{a}{n}_conv1d.weight"),
+                p,
+                k.conv_kernel,
+                l,
+            );
         }
         self.linear(c, format!("{a}f_a_proj.weight"), k.head_dim, d, false, l);
         self.linear(c, format!("{a}f_b_proj.weight"), p, k.head_dim, false, l);
@@ -617,7 +788,14 @@ impl Specs {
         // [head_dim] slots, which would add (128 − 96) values per KDA layer.
         self.add(c, TensorKind::Small, format!("{a}A_log"), 1, k.heads, l);
         self.add(c, TensorKind::Small, format!("{a}dt_bias"), 1, p, l);
-        self.add(c, TensorKind::Small, format!("{a}o_norm.weight"), 1, k.head_dim, l);
+        self.add(
+            c,
+            TensorKind::Small,
+            format!("{a}o_norm.weight"),
+            1,
+            k.head_dim,
+            l,
+        );
         self.linear(c, format!("{a}o_proj.weight"), d, p, false, l);
     }
 
@@ -626,19 +804,54 @@ impl Specs {
         self.linear(c, format!("{m}gate_proj.weight"), inter, d, bias, layer);
         self.linear(c, format!("{m}up_proj.weight"), inter, d, bias, layer);
         if bias {
-            self.add(c, TensorKind::Small, format!("{m}down_proj.bias"), 1, d, layer);
+            self.add(
+                c,
+                TensorKind::Small,
+                format!("{m}down_proj.bias"),
+                1,
+                d,
+                layer,
+            );
         }
-        self.add(c, TensorKind::FfnDown, format!("{m}down_proj.weight"), d, inter, layer);
+        self.add(
+            c,
+            TensorKind::FfnDown,
+            format!("{m}down_proj.weight"),
+            d,
+            inter,
+            layer,
+        );
     }
 
     fn moe(&mut self, m: &MoeDims, family: Family, d: u64, l: &str, i: usize) {
         let layer = Some(i);
-        let b = if family == Family::KimiLinear { format!("{l}block_sparse_moe.") } else { format!("{l}mlp.") };
-        self.add(Component::Router, TensorKind::Router, format!("{b}gate.weight"), m.experts, d, layer);
-        self.add(Component::Router, TensorKind::Small, format!("{b}gate.e_score_correction_bias"), 1, m.experts, layer);
+        let b = if family == Family::KimiLinear {
+            format!("{l}block_sparse_moe.")
+        } else {
+            format!("{l}mlp.")
+        };
+        self.add(
+            Component::Router,
+            TensorKind::Router,
+            format!("{b}gate.weight"),
+            m.experts,
+            d,
+            layer,
+        );
+        self.add(
+            Component::Router,
+            TensorKind::Small,
+            format!("{b}gate.e_score_correction_bias"),
+            1,
+            m.experts,
+            layer,
+        );
         let inner = m.latent.unwrap_or(d);
-        let names =
-            if family == Family::KimiLinear { ["w1", "w3", "w2"] } else { ["gate_proj", "up_proj", "down_proj"] };
+        let names = if family == Family::KimiLinear {
+            ["w1", "w3", "w2"]
+        } else {
+            ["gate_proj", "up_proj", "down_proj"]
+        };
         for (j, n) in names.iter().enumerate() {
             let (rows, cols, kind) = if j < 2 {
                 (m.intermediate, inner, TensorKind::Linear)
@@ -658,10 +871,31 @@ impl Specs {
         }
         if let Some(lat) = m.latent {
             let c = Component::LatentProjections;
-            self.linear(c, format!("{b}routed_expert_down_proj.weight"), lat, d, false, layer);
-            self.linear(c, format!("{b}routed_expert_up_proj.weight"), d, lat, false, layer);
+            self.linear(
+                c,
+                format!("{b}routed_expert_down_proj.weight"),
+                lat,
+                d,
+                false,
+                layer,
+            );
+            self.linear(
+                c,
+                format!("{b}routed_expert_up_proj.weight"),
+                d,
+                lat,
+                false,
+                layer,
+            );
             if m.latent_norm {
-                self.add(c, TensorKind::Small, format!("{b}routed_expert_norm.weight"), 1, lat, layer);
+                self.add(
+                    c,
+                    TensorKind::Small,
+                    format!("{b}routed_expert_norm.weight"),
+                    1,
+                    lat,
+                    layer,
+                );
             }
         }
         if m.shared > 0 {
@@ -680,30 +914,105 @@ impl Specs {
         let (c, h) = (Component::VisionTower, v.hidden);
         let norm = |s: &mut Specs, name: String, width: u64, comp: Component, rms: bool| {
             if !rms {
-                s.add(comp, TensorKind::Small, name.replace(".weight", ".bias"), 1, width, None);
+                s.add(
+                    comp,
+                    TensorKind::Small,
+                    name.replace(".weight", ".bias"),
+                    1,
+                    width,
+                    None,
+                );
             }
             s.add(comp, TensorKind::Small, name, 1, width, None);
         };
-        self.linear(c, "vision_tower.patch_embed.proj.weight".into(), h, 3 * v.patch * v.patch, v.patch_bias, None);
-        self.add(c, TensorKind::Small, "vision_tower.patch_embed.pos_emb.weight".into(), v.pos_cells, h, None);
+        self.linear(
+            c,
+            "vision_tower.patch_embed.proj.weight".into(),
+            h,
+            3 * v.patch * v.patch,
+            v.patch_bias,
+            None,
+        );
+        self.add(
+            c,
+            TensorKind::Small,
+            "vision_tower.patch_embed.pos_emb.weight".into(),
+            v.pos_cells,
+            h,
+            None,
+        );
         for i in 0..v.layers {
             let b = format!("vision_tower.encoder.blocks.{i}.");
             norm(self, format!("{b}norm0.weight"), h, c, v.rms_norm);
             norm(self, format!("{b}norm1.weight"), h, c, v.rms_norm);
-            self.linear(c, format!("{b}wqkv.weight"), 3 * v.qkv_hidden, h, v.attn_bias, None);
-            self.linear(c, format!("{b}wo.weight"), h, v.qkv_hidden, v.attn_bias, None);
-            self.linear(c, format!("{b}mlp.fc0.weight"), v.mlp, h, v.linear_bias, None);
-            self.linear(c, format!("{b}mlp.fc1.weight"), h, v.mlp, v.linear_bias, None);
+            self.linear(
+                c,
+                format!("{b}wqkv.weight"),
+                3 * v.qkv_hidden,
+                h,
+                v.attn_bias,
+                None,
+            );
+            self.linear(
+                c,
+                format!("{b}wo.weight"),
+                h,
+                v.qkv_hidden,
+                v.attn_bias,
+                None,
+            );
+            self.linear(
+                c,
+                format!("{b}mlp.fc0.weight"),
+                v.mlp,
+                h,
+                v.linear_bias,
+                None,
+            );
+            self.linear(
+                c,
+                format!("{b}mlp.fc1.weight"),
+                h,
+                v.mlp,
+                v.linear_bias,
+                None,
+            );
         }
-        norm(self, "vision_tower.encoder.final_layernorm.weight".into(), h, c, v.rms_norm);
+        norm(
+            self,
+            "vision_tower.encoder.final_layernorm.weight".into(),
+            h,
+            c,
+            v.rms_norm,
+        );
         let (pc, pr) = (Component::Projector, &v.projector);
         if pr.pre_norm {
             norm(self, "mm_projector.pre_norm.weight".into(), h, pc, false);
         }
-        self.linear(pc, "mm_projector.proj.0.weight".into(), pr.input, pr.input, pr.bias, None);
-        self.linear(pc, "mm_projector.proj.2.weight".into(), pr.output, pr.input, pr.bias, None);
+        self.linear(
+            pc,
+            "mm_projector.proj.0.weight".into(),
+            pr.input,
+            pr.input,
+            pr.bias,
+            None,
+        );
+        self.linear(
+            pc,
+            "mm_projector.proj.2.weight".into(),
+            pr.output,
+            pr.input,
+            pr.bias,
+            None,
+        );
         if pr.post_norm {
-            norm(self, "mm_projector.post_norm.weight".into(), pr.output, pc, true);
+            norm(
+                self,
+                "mm_projector.post_norm.weight".into(),
+                pr.output,
+                pc,
+                true,
+            );
         }
     }
 }
@@ -715,7 +1024,9 @@ mod tests {
     use std::collections::HashMap;
 
     fn fixture(name: &str) -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name)
     }
 
     /// Expands `{e}` and compares every spec with the checkpoint header entry of the same name.
@@ -731,13 +1042,25 @@ mod tests {
         }
         let mut found: HashMap<String, u64> = HashMap::new();
         for n in ckpt.names() {
-            found.insert(n.to_string(), ckpt.entry(n).unwrap().shape.iter().product::<usize>() as u64);
+            found.insert(
+                n.to_string(),
+                ckpt.entry(n).unwrap().shape.iter().product::<usize>() as u64,
+            );
         }
-        let mut missing: Vec<_> = found.keys().filter(|n| !expected.contains_key(*n)).collect();
-        let mut extra: Vec<_> = expected.keys().filter(|n| !found.contains_key(*n)).collect();
+        let mut missing: Vec<_> = found
+            .keys()
+            .filter(|n| !expected.contains_key(*n))
+            .collect();
+        let mut extra: Vec<_> = expected
+            .keys()
+            .filter(|n| !found.contains_key(*n))
+            .collect();
         missing.sort();
         extra.sort();
-        assert!(missing.is_empty() && extra.is_empty(), "not modelled: {missing:?}; not in checkpoint: {extra:?}");
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "not modelled: {missing:?}; not in checkpoint: {extra:?}"
+        );
         for (n, elems) in &found {
             assert_eq!(expected[n], *elems, "{n}");
         }
@@ -763,17 +1086,36 @@ mod tests {
     #[test]
     fn k3_preset_has_69_kda_and_24_mla_layers() {
         let m = PlanModel::preset("kimi-k3").unwrap();
-        assert_eq!((m.text.count(AttentionKind::Kda), m.text.count(AttentionKind::Mla)), (69, 24));
-        assert_eq!(m.text.attention[3], AttentionKind::Mla, "layer 4 (1-based) is full attention");
-        assert_eq!(m.text.attention[92], AttentionKind::Mla, "the last layer is full attention");
+        assert_eq!(
+            (
+                m.text.count(AttentionKind::Kda),
+                m.text.count(AttentionKind::Mla)
+            ),
+            (69, 24)
+        );
+        assert_eq!(
+            m.text.attention[3],
+            AttentionKind::Mla,
+            "layer 4 (1-based) is full attention"
+        );
+        assert_eq!(
+            m.text.attention[92],
+            AttentionKind::Mla,
+            "the last layer is full attention"
+        );
         assert_eq!(m.native_weights, WeightScheme::Mxfp4);
         assert_eq!(m.text.moe_layers.iter().filter(|&&x| x).count(), 92);
     }
 
     #[test]
     fn unknown_model_type_and_preset_are_named() {
-        let err = PlanModel::from_config(&json!({"model_type": "gpt_neox"}), "x", "x").unwrap_err().to_string();
+        let err = PlanModel::from_config(&json!({"model_type": "gpt_neox"}), "x", "x")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("gpt_neox") && err.contains("kimi_k3"), "{err}");
-        assert!(PlanModel::preset("kimi-k9").unwrap_err().to_string().contains("kimi-k3"));
+        assert!(PlanModel::preset("kimi-k9")
+            .unwrap_err()
+            .to_string()
+            .contains("kimi-k3"));
     }
 }

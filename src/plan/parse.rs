@@ -4,7 +4,9 @@
 
 use serde_json::{json, Value};
 
-use super::model::{AttentionKind, Family, GqaDims, KdaDims, MlaDims, MoeDims, ProjectorArch, TextArch, VisionArch};
+use super::model::{
+    AttentionKind, Family, GqaDims, KdaDims, MlaDims, MoeDims, ProjectorArch, TextArch, VisionArch,
+};
 use crate::error::{Error, Result};
 
 /// Reads config keys, skipping nulls, with alternative spellings.
@@ -15,10 +17,12 @@ impl Keys<'_> {
         self.0.get(key).filter(|v| !v.is_null())
     }
     fn num(&self, keys: &[&str]) -> Option<u64> {
-        keys.iter().find_map(|k| self.get(k).and_then(|v| v.as_u64()))
+        keys.iter()
+            .find_map(|k| self.get(k).and_then(|v| v.as_u64()))
     }
     fn need(&self, keys: &[&str]) -> Result<u64> {
-        self.num(keys).ok_or_else(|| Error::Config(format!("`{}` missing or not a whole number", keys[0])))
+        self.num(keys)
+            .ok_or_else(|| Error::Config(format!("`{}` missing or not a whole number", keys[0])))
     }
     fn or(&self, keys: &[&str], default: u64) -> u64 {
         self.num(keys).unwrap_or(default)
@@ -27,7 +31,9 @@ impl Keys<'_> {
         self.get(key).and_then(|v| v.as_bool()).unwrap_or(default)
     }
     fn list(&self, key: &str) -> Option<Vec<u64>> {
-        self.get(key)?.as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect())
+        self.get(key)?
+            .as_array()
+            .map(|a| a.iter().filter_map(|x| x.as_u64()).collect())
     }
 }
 
@@ -38,12 +44,16 @@ pub(super) fn parse_text(v: &Value, model_type: &str, prefix: &str) -> Result<Te
         "llama" => Family::Llama,
         "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
         "kimi_linear" => Family::KimiLinear,
-        other => {
-            return Err(Error::UnknownModelType {
-                found: if other.is_empty() { "(missing)".into() } else { other.into() },
-                supported: "llama, deepseek_v3, kimi_k2, kimi_linear, kimi_k3 (text_config + vision_config)".into(),
-            })
-        }
+        other => return Err(Error::UnknownModelType {
+            found: if other.is_empty() {
+                "(missing)".into()
+            } else {
+                other.into()
+            },
+            supported:
+                "llama, deepseek_v3, kimi_k2, kimi_linear, kimi_k3 (text_config + vision_config)"
+                    .into(),
+        }),
     };
     let hidden = k.need(&["hidden_size"])?;
     let layers = k.need(&["num_hidden_layers"])? as usize;
@@ -92,13 +102,17 @@ pub(super) fn parse_text(v: &Value, model_type: &str, prefix: &str) -> Result<Te
             (Some(kda), _) => kda,
             (None, Some(full)) => (1..=layers as u64).filter(|l| !full.contains(l)).collect(),
             (None, None) => {
-                return Err(Error::Config("linear_attn_config needs `kda_layers` or `full_attn_layers`".into()))
+                return Err(Error::Config(
+                    "linear_attn_config needs `kda_layers` or `full_attn_layers`".into(),
+                ))
             }
         };
         // Layer lists are 1-based.
         for l in kda_layers {
             let i = (l as usize).checked_sub(1).filter(|&i| i < layers);
-            let i = i.ok_or_else(|| Error::Config(format!("kda_layers entry {l} outside 1..={layers}")))?;
+            let i = i.ok_or_else(|| {
+                Error::Config(format!("kda_layers entry {l} outside 1..={layers}"))
+            })?;
             t.attention[i] = AttentionKind::Kda;
         }
         t.kda = Some(KdaDims {
@@ -110,7 +124,9 @@ pub(super) fn parse_text(v: &Value, model_type: &str, prefix: &str) -> Result<Te
     }
     let experts = k.or(&["n_routed_experts", "num_experts"], 0);
     if experts > 0 {
-        let latent = k.num(&["routed_expert_hidden_size"]).filter(|&l| l != hidden);
+        let latent = k
+            .num(&["routed_expert_hidden_size"])
+            .filter(|&l| l != hidden);
         t.moe = Some(MoeDims {
             experts,
             top_k: k.need(&["num_experts_per_tok", "num_experts_per_token"])?,
@@ -119,9 +135,14 @@ pub(super) fn parse_text(v: &Value, model_type: &str, prefix: &str) -> Result<Te
             latent,
             latent_norm: latent.is_some() && k.flag("latent_moe_use_norm", false),
         });
-        let first_dense = k.or(&["first_k_dense_replace"], if family == Family::DeepseekV3 { 3 } else { 1 }) as usize;
+        let first_dense = k.or(
+            &["first_k_dense_replace"],
+            if family == Family::DeepseekV3 { 3 } else { 1 },
+        ) as usize;
         let freq = k.or(&["moe_layer_freq"], 1).max(1) as usize;
-        t.moe_layers = (0..layers).map(|i| i >= first_dense && i % freq == 0).collect();
+        t.moe_layers = (0..layers)
+            .map(|i| i >= first_dense && i % freq == 0)
+            .collect();
     }
     Ok(t)
 }
@@ -131,14 +152,21 @@ pub(super) fn parse_text(v: &Value, model_type: &str, prefix: &str) -> Result<Te
 pub(super) fn parse_vision(v: &Value, top: &Value, text_hidden: u64) -> Result<VisionArch> {
     let (k, tk) = (Keys(v), Keys(top));
     let hidden = k.or(&["vt_hidden_size", "hidden_size"], 1152);
-    let merge: u64 = k.list("merge_kernel_size").map(|m| m.iter().product()).unwrap_or(4).max(1);
+    let merge: u64 = k
+        .list("merge_kernel_size")
+        .map(|m| m.iter().product())
+        .unwrap_or(4)
+        .max(1);
     let kind = [v, top]
         .iter()
         .find_map(|x| x.get("mm_projector_type").and_then(|s| s.as_str()))
         .unwrap_or("patchmerger")
         .to_string();
     let v2 = kind == "patchmergerv2";
-    let norm = [v, top].iter().find_map(|x| x.get("norm_type").and_then(|s| s.as_str())).unwrap_or("layernorm");
+    let norm = [v, top]
+        .iter()
+        .find_map(|x| x.get("norm_type").and_then(|s| s.as_str()))
+        .unwrap_or("layernorm");
     Ok(VisionArch {
         hidden,
         layers: k.or(&["vt_num_hidden_layers", "num_hidden_layers"], 27),
@@ -152,8 +180,14 @@ pub(super) fn parse_vision(v: &Value, top: &Value, text_hidden: u64) -> Result<V
         linear_bias: k.flag("linear_bias", true),
         patch_bias: k.flag("patch_embed_proj_bias", true),
         projector: ProjectorArch {
-            input: k.num(&["mm_hidden_size"]).or(tk.num(&["mm_hidden_size"])).unwrap_or(hidden * merge),
-            output: k.num(&["text_hidden_size"]).or(tk.num(&["text_hidden_size"])).unwrap_or(text_hidden),
+            input: k
+                .num(&["mm_hidden_size"])
+                .or(tk.num(&["mm_hidden_size"]))
+                .unwrap_or(hidden * merge),
+            output: k
+                .num(&["text_hidden_size"])
+                .or(tk.num(&["text_hidden_size"]))
+                .unwrap_or(text_hidden),
             bias: !v2,
             pre_norm: !v2,
             post_norm: v2,

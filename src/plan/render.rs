@@ -30,7 +30,14 @@ struct Units {
 impl Units {
     fn for_params(total: u64) -> Units {
         if total as f64 >= 1e9 {
-            Units { params: 1e9, params_label: "B", dec: GB, dec_label: "GB", bin: GIB, bin_label: "GiB" }
+            Units {
+                params: 1e9,
+                params_label: "B",
+                dec: GB,
+                dec_label: "GB",
+                bin: GIB,
+                bin_label: "GiB",
+            }
         } else {
             Units {
                 params: 1e6,
@@ -64,7 +71,11 @@ fn grouped(n: u64) -> String {
 
 /// `12.34 GB (11.49 GiB)`.
 fn gb_gib(bytes: u64) -> String {
-    format!("{:.2} GB ({:.2} GiB)", bytes as f64 / GB, bytes as f64 / GIB)
+    format!(
+        "{:.2} GB ({:.2} GiB)",
+        bytes as f64 / GB,
+        bytes as f64 / GIB
+    )
 }
 
 /// Renders the report as a fixed-width table with units: parameters in B
@@ -105,10 +116,24 @@ pub fn render_table(r: &PlanReport) -> String {
     };
     for c in &r.components {
         let formats: Vec<&str> = c.formats.iter().map(|f| f.format.name()).collect();
-        row(w, &c.label, c.params, c.active_params, c.bytes, &formats.join("+"));
+        row(
+            w,
+            &c.label,
+            c.params,
+            c.active_params,
+            c.bytes,
+            &formats.join("+"),
+        );
     }
     let _ = writeln!(w, "{rule}");
-    row(w, "total", p.total, p.active.with_embedding, r.devices.weight_bytes, "");
+    row(
+        w,
+        "total",
+        p.total,
+        p.active.with_embedding,
+        r.devices.weight_bytes,
+        "",
+    );
     let _ = writeln!(w);
     let _ = writeln!(
         w,
@@ -127,15 +152,29 @@ pub fn render_table(r: &PlanReport) -> String {
         u.p(p.active.with_embedding),
         u.p(p.active.without_embedding_and_lm_head)
     );
-    let _ = writeln!(w, "        (text decoder only: the vision tower and projector run on media, not per token)");
+    let _ = writeln!(
+        w,
+        "        (text decoder only: the vision tower and projector run on media, not per token)"
+    );
     let formats: Vec<String> = r
         .weights_by_format
         .iter()
-        .map(|f| format!("{} {:.2} {dl} for {} {pl} params", f.format.name(), f.bytes as f64 / u.dec, u.p(f.params)))
+        .map(|f| {
+            format!(
+                "{} {:.2} {dl} for {} {pl} params",
+                f.format.name(),
+                f.bytes as f64 / u.dec,
+                u.p(f.params)
+            )
+        })
         .collect();
     let _ = writeln!(w, "by format: {}", formats.join(", "));
     let _ = writeln!(w);
-    let _ = writeln!(w, "{:<8} {:>12} {:>12} {:>9} {:>8}", "scheme", dl, bl, "TiB", "b/w");
+    let _ = writeln!(
+        w,
+        "{:<8} {:>12} {:>12} {:>9} {:>8}",
+        "scheme", dl, bl, "TiB", "b/w"
+    );
     for s in &r.schemes {
         let _ = writeln!(
             w,
@@ -145,12 +184,19 @@ pub fn render_table(r: &PlanReport) -> String {
             s.bytes as f64 / u.bin,
             s.bytes as f64 / TIB,
             s.bits_per_weight,
-            if s.scheme == r.scheme { "  <- chosen" } else { "" }
+            if s.scheme == r.scheme {
+                "  <- chosen"
+            } else {
+                ""
+            }
         );
     }
     for c in &r.published {
         let verdict = if c.consistent {
-            format!("consistent ({:+.1}%)", 100.0 * (c.claimed_bytes / c.planned_bytes as f64 - 1.0))
+            format!(
+                "consistent ({:+.1}%)",
+                100.0 * (c.claimed_bytes / c.planned_bytes as f64 - 1.0)
+            )
         } else {
             format!(
                 "the figure corresponds to {:.2} bits/weight, not {}'s ~{:.2}",
@@ -170,11 +216,17 @@ pub fn render_table(r: &PlanReport) -> String {
         );
     }
     if let Some(s) = &r.stored {
-        let by: Vec<String> =
-            s.by_dtype.iter().map(|d| format!("{} {:.3} {dl}", d.dtype, d.bytes as f64 / u.dec)).collect();
+        let by: Vec<String> = s
+            .by_dtype
+            .iter()
+            .map(|d| format!("{} {:.3} {dl}", d.dtype, d.bytes as f64 / u.dec))
+            .collect();
         let check = match r.stored_matches_plan {
             Some(true) => "= planned parameter count".to_string(),
-            Some(false) => format!("!= planned {} (config and checkpoint disagree)", grouped(p.total)),
+            Some(false) => format!(
+                "!= planned {} (config and checkpoint disagree)",
+                grouped(p.total)
+            ),
             None => "(packed tensors: elements are not weights)".to_string(),
         };
         let _ = writeln!(
@@ -188,7 +240,12 @@ pub fn render_table(r: &PlanReport) -> String {
     }
     let c = &r.cache;
     let _ = writeln!(w);
-    let _ = writeln!(w, "cache per session of {} tokens (KV cache {}):", grouped(c.context), c.kv_dtype.name());
+    let _ = writeln!(
+        w,
+        "cache per session of {} tokens (KV cache {}):",
+        grouped(c.context),
+        c.kv_dtype.name()
+    );
     if c.mla_layers > 0 {
         let _ = writeln!(
             w,
@@ -244,7 +301,12 @@ pub fn render_table(r: &PlanReport) -> String {
         d.reserve_per_device as f64 / GB,
         gb_gib(d.budget_bytes)
     );
-    let _ = writeln!(w, "weights: {}; free after weights: {}", gb_gib(d.weight_bytes), gb_gib(d.free_bytes));
+    let _ = writeln!(
+        w,
+        "weights: {}; free after weights: {}",
+        gb_gib(d.weight_bytes),
+        gb_gib(d.free_bytes)
+    );
     for n in &r.notes {
         let _ = writeln!(w, "note: {n}");
     }

@@ -41,7 +41,12 @@ pub enum WeightScheme {
 
 impl WeightScheme {
     /// Every scheme, in the order the report compares them.
-    pub const ALL: [WeightScheme; 4] = [WeightScheme::Mxfp4, WeightScheme::Bf16, WeightScheme::Fp8, WeightScheme::Q4KM];
+    pub const ALL: [WeightScheme; 4] = [
+        WeightScheme::Mxfp4,
+        WeightScheme::Bf16,
+        WeightScheme::Fp8,
+        WeightScheme::Q4KM,
+    ];
 
     /// The `--weights` spelling.
     pub fn name(self) -> &'static str {
@@ -78,7 +83,9 @@ impl FromStr for WeightScheme {
             "bf16" | "fp16" | "f16" => Ok(WeightScheme::Bf16),
             "fp8" | "f8" => Ok(WeightScheme::Fp8),
             "q4_k_m" | "q4km" => Ok(WeightScheme::Q4KM),
-            _ => Err(Error::Config(format!("--weights must be one of mxfp4, bf16, fp8, q4_k_m; got `{s}`"))),
+            _ => Err(Error::Config(format!(
+                "--weights must be one of mxfp4, bf16, fp8, q4_k_m; got `{s}`"
+            ))),
         }
     }
 }
@@ -171,7 +178,10 @@ fn k_quant(format: StorageFormat, cols: u64) -> StorageFormat {
 /// MLA has no `attn_v.weight`, so the attn_v rule does not apply. The vision
 /// tower and projector go to a separate `mmproj` file, priced as F16.
 pub fn format_for(scheme: WeightScheme, spec: &TensorSpec, n_layers: usize) -> StorageFormat {
-    let vision = matches!(spec.component, Component::VisionTower | Component::Projector);
+    let vision = matches!(
+        spec.component,
+        Component::VisionTower | Component::Projector
+    );
     let matrix = matches!(spec.kind, TensorKind::Linear | TensorKind::FfnDown);
     match scheme {
         WeightScheme::Bf16 => StorageFormat::Bf16,
@@ -208,7 +218,11 @@ pub fn format_for(scheme: WeightScheme, spec: &TensorSpec, n_layers: usize) -> S
 }
 
 /// Format and bytes of all `spec.count` copies of a tensor under `scheme`.
-pub fn tensor_bytes(scheme: WeightScheme, spec: &TensorSpec, n_layers: usize) -> (StorageFormat, u64) {
+pub fn tensor_bytes(
+    scheme: WeightScheme,
+    spec: &TensorSpec,
+    n_layers: usize,
+) -> (StorageFormat, u64) {
     let format = format_for(scheme, spec, n_layers);
     let mut one = spec.rows * format.row_bytes(spec.cols);
     if format == StorageFormat::Fp8Block {
@@ -221,8 +235,23 @@ pub fn tensor_bytes(scheme: WeightScheme, spec: &TensorSpec, n_layers: usize) ->
 mod tests {
     use super::*;
 
-    fn spec(component: Component, kind: TensorKind, rows: u64, cols: u64, layer: Option<usize>) -> TensorSpec {
-        TensorSpec { name: "t".into(), component, kind, rows, cols, count: 3, active_count: 3, layer }
+    fn spec(
+        component: Component,
+        kind: TensorKind,
+        rows: u64,
+        cols: u64,
+        layer: Option<usize>,
+    ) -> TensorSpec {
+        TensorSpec {
+            name: "t".into(),
+            component,
+            kind,
+            rows,
+            cols,
+            count: 3,
+            active_count: 3,
+            layer,
+        }
     }
 
     #[test]
@@ -240,7 +269,13 @@ mod tests {
 
     #[test]
     fn fp8_adds_one_f32_scale_per_128_block() {
-        let s = spec(Component::SharedExperts, TensorKind::Linear, 300, 7168, Some(4));
+        let s = spec(
+            Component::SharedExperts,
+            TensorKind::Linear,
+            300,
+            7168,
+            Some(4),
+        );
         let (f, bytes) = tensor_bytes(WeightScheme::Fp8, &s, 10);
         assert_eq!(f, StorageFormat::Fp8Block);
         // 3 copies × (300·7168 bytes + ceil(300/128)=3 × 56 blocks × 4 bytes).
@@ -252,29 +287,83 @@ mod tests {
         // n/8 = 11, 7n/8 = 81: layers 0..=10, 81..=92, and 13, 16, …, 79 (23 of them).
         let picked: Vec<usize> = (0..93).filter(|&l| use_more_bits(l, 93)).collect();
         assert_eq!(picked.len(), 11 + 12 + 23);
-        assert!(picked.contains(&13) && !picked.contains(&12) && !picked.contains(&14) && picked.contains(&79));
-        assert!(!picked.contains(&80) && picked.contains(&81) && picked.contains(&10) && !picked.contains(&11));
+        assert!(
+            picked.contains(&13)
+                && !picked.contains(&12)
+                && !picked.contains(&14)
+                && picked.contains(&79)
+        );
+        assert!(
+            !picked.contains(&80)
+                && picked.contains(&81)
+                && picked.contains(&10)
+                && !picked.contains(&11)
+        );
     }
 
     #[test]
     fn q4_k_m_routes_tensors_like_llama_cpp() {
         let n = 93;
         let f = |c, k, cols, layer| format_for(WeightScheme::Q4KM, &spec(c, k, 8, cols, layer), n);
-        assert_eq!(f(Component::RoutedExperts, TensorKind::FfnDown, 3072, Some(0)), StorageFormat::Q6K);
-        assert_eq!(f(Component::RoutedExperts, TensorKind::FfnDown, 3072, Some(12)), StorageFormat::Q4K);
-        assert_eq!(f(Component::LmHead, TensorKind::LmHead, 7168, None), StorageFormat::Q6K);
-        assert_eq!(f(Component::Embedding, TensorKind::Embedding, 7168, None), StorageFormat::Q4K);
-        assert_eq!(f(Component::KdaAttention, TensorKind::Linear, 128, Some(1)), StorageFormat::Q5_0);
-        assert_eq!(f(Component::Router, TensorKind::Router, 7168, Some(1)), StorageFormat::F32);
-        assert_eq!(f(Component::VisionTower, TensorKind::Linear, 1024, None), StorageFormat::F16);
+        assert_eq!(
+            f(Component::RoutedExperts, TensorKind::FfnDown, 3072, Some(0)),
+            StorageFormat::Q6K
+        );
+        assert_eq!(
+            f(
+                Component::RoutedExperts,
+                TensorKind::FfnDown,
+                3072,
+                Some(12)
+            ),
+            StorageFormat::Q4K
+        );
+        assert_eq!(
+            f(Component::LmHead, TensorKind::LmHead, 7168, None),
+            StorageFormat::Q6K
+        );
+        assert_eq!(
+            f(Component::Embedding, TensorKind::Embedding, 7168, None),
+            StorageFormat::Q4K
+        );
+        assert_eq!(
+            f(Component::KdaAttention, TensorKind::Linear, 128, Some(1)),
+            StorageFormat::Q5_0
+        );
+        assert_eq!(
+            f(Component::Router, TensorKind::Router, 7168, Some(1)),
+            StorageFormat::F32
+        );
+        assert_eq!(
+            f(Component::VisionTower, TensorKind::Linear, 1024, None),
+            StorageFormat::F16
+        );
     }
 
     #[test]
     fn mxfp4_scheme_only_packs_routed_experts() {
-        let e = spec(Component::RoutedExperts, TensorKind::Linear, 3072, 3584, Some(1));
-        let a = spec(Component::MlaAttention, TensorKind::Linear, 3072, 3584, Some(1));
-        assert_eq!(tensor_bytes(WeightScheme::Mxfp4, &e, 93), (StorageFormat::Mxfp4, 3 * 3072 * 3584 * 17 / 32));
-        assert_eq!(tensor_bytes(WeightScheme::Mxfp4, &a, 93), (StorageFormat::Bf16, 3 * 3072 * 3584 * 2));
+        let e = spec(
+            Component::RoutedExperts,
+            TensorKind::Linear,
+            3072,
+            3584,
+            Some(1),
+        );
+        let a = spec(
+            Component::MlaAttention,
+            TensorKind::Linear,
+            3072,
+            3584,
+            Some(1),
+        );
+        assert_eq!(
+            tensor_bytes(WeightScheme::Mxfp4, &e, 93),
+            (StorageFormat::Mxfp4, 3 * 3072 * 3584 * 17 / 32)
+        );
+        assert_eq!(
+            tensor_bytes(WeightScheme::Mxfp4, &a, 93),
+            (StorageFormat::Bf16, 3 * 3072 * 3584 * 2)
+        );
     }
 
     #[test]
@@ -282,6 +371,10 @@ mod tests {
         for s in WeightScheme::ALL {
             assert_eq!(s.name().parse::<WeightScheme>().unwrap(), s);
         }
-        assert!("int3".parse::<WeightScheme>().unwrap_err().to_string().contains("--weights"));
+        assert!("int3"
+            .parse::<WeightScheme>()
+            .unwrap_err()
+            .to_string()
+            .contains("--weights"));
     }
 }

@@ -16,7 +16,10 @@
 
 use std::collections::VecDeque;
 
-use super::{coalesce, json_string, write_json, JsonStyle, KeyOrder, MarkerScanner, Message, MessageContent, OrderedJson, ParseEvent, Piece};
+use super::{
+    coalesce, json_string, write_json, JsonStyle, KeyOrder, MarkerScanner, Message, MessageContent,
+    OrderedJson, ParseEvent, Piece,
+};
 
 /// The system prompt K2 renders when the first message is not a system message.
 pub const K2_DEFAULT_SYSTEM_PROMPT: &str = "You are Kimi, an AI assistant created by Moonshot AI.";
@@ -44,7 +47,11 @@ fn render_content(out: &mut String, content: &Option<MessageContent>) {
 /// Renders a K2 prompt: tool declarations (OpenAI `tools` entries, keys
 /// sorted as Kimi's tokenizer does), the messages, and the assistant header
 /// if `add_generation_prompt`.
-pub fn render_k2(messages: &[Message], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool) -> String {
+pub fn render_k2(
+    messages: &[Message],
+    tools: Option<&[serde_json::Value]>,
+    add_generation_prompt: bool,
+) -> String {
     let mut out = String::new();
     if let Some(tools) = tools.filter(|t| !t.is_empty()) {
         out.push_str("<|im_system|>tool_declare<|im_middle|>");
@@ -87,9 +94,12 @@ pub fn render_k2(messages: &[Message], tools: Option<&[serde_json::Value]>, add_
             }
             out.push_str("<|tool_calls_section_end|>");
         } else if message.role == "tool" {
-            let id = pending_ids
-                .pop_front()
-                .unwrap_or_else(|| format!("functions.{}:{call_counter}", message.name.as_deref().unwrap_or("unknown")));
+            let id = pending_ids.pop_front().unwrap_or_else(|| {
+                format!(
+                    "functions.{}:{call_counter}",
+                    message.name.as_deref().unwrap_or("unknown")
+                )
+            });
             out.push_str("## Return of ");
             out.push_str(&id);
             out.push('\n');
@@ -168,12 +178,21 @@ impl Default for K2StreamParser {
 impl K2StreamParser {
     /// A parser positioned at the start of an assistant turn, outside `<think>`.
     pub fn new() -> K2StreamParser {
-        K2StreamParser { scanner: MarkerScanner::new(K2_MARKERS), state: K2State::Text, in_think: false, stray: String::new(), next_index: 0 }
+        K2StreamParser {
+            scanner: MarkerScanner::new(K2_MARKERS),
+            state: K2State::Text,
+            in_think: false,
+            stray: String::new(),
+            next_index: 0,
+        }
     }
 
     /// A parser for prompts that already opened `<think>` (output starts as reasoning).
     pub fn in_reasoning() -> K2StreamParser {
-        K2StreamParser { in_think: true, ..K2StreamParser::new() }
+        K2StreamParser {
+            in_think: true,
+            ..K2StreamParser::new()
+        }
     }
 
     /// Feeds the next text delta; returns the events it completes.
@@ -196,11 +215,17 @@ impl K2StreamParser {
         match std::mem::replace(&mut self.state, K2State::Done) {
             K2State::CallId(id) => events.push(ParseEvent::Malformed {
                 index: None,
-                message: format!("stream ended inside the header of tool call `{}`", id.trim()),
+                message: format!(
+                    "stream ended inside the header of tool call `{}`",
+                    id.trim()
+                ),
             }),
             K2State::CallArgs(args) => {
                 let index = self.next_index - 1;
-                events.push(ParseEvent::Malformed { index: Some(index), message: format!("stream ended inside tool call {index}") });
+                events.push(ParseEvent::Malformed {
+                    index: Some(index),
+                    message: format!("stream ended inside tool call {index}"),
+                });
                 check_arguments(index, &args, &mut events);
                 events.push(ParseEvent::ToolCallEnd { index });
             }
@@ -227,7 +252,10 @@ impl K2StreamParser {
             K2State::CallId(id) => id.push_str(&text),
             K2State::CallArgs(args) => {
                 args.push_str(&text);
-                events.push(ParseEvent::ToolCallArgs { index: self.next_index - 1, delta: text });
+                events.push(ParseEvent::ToolCallArgs {
+                    index: self.next_index - 1,
+                    delta: text,
+                });
             }
             K2State::Done => {}
         }
@@ -236,7 +264,10 @@ impl K2StreamParser {
     fn flush_stray(&mut self, events: &mut Vec<ParseEvent>) {
         let stray = std::mem::take(&mut self.stray);
         if !stray.trim().is_empty() {
-            events.push(ParseEvent::Malformed { index: None, message: format!("text between tool calls: {}", json_string(&stray)) });
+            events.push(ParseEvent::Malformed {
+                index: None,
+                message: format!("text between tool calls: {}", json_string(&stray)),
+            });
         }
     }
 
@@ -245,7 +276,10 @@ impl K2StreamParser {
         self.state = match (state, marker) {
             (K2State::Done, _) => K2State::Done,
             (K2State::CallId(id), IM_END) => {
-                events.push(ParseEvent::Malformed { index: None, message: format!("turn ended inside the header of tool call `{}`", id.trim()) });
+                events.push(ParseEvent::Malformed {
+                    index: None,
+                    message: format!("turn ended inside the header of tool call `{}`", id.trim()),
+                });
                 K2State::Done
             }
             (K2State::CallArgs(args), IM_END) => {
@@ -289,7 +323,10 @@ impl K2StreamParser {
                 }
             }
             (state, marker) => {
-                events.push(ParseEvent::Malformed { index: None, message: format!("unexpected {} here", K2_MARKERS[marker]) });
+                events.push(ParseEvent::Malformed {
+                    index: None,
+                    message: format!("unexpected {} here", K2_MARKERS[marker]),
+                });
                 state
             }
         };
@@ -300,14 +337,21 @@ impl K2StreamParser {
         let id = id.trim();
         let index = self.next_index;
         self.next_index += 1;
-        events.push(ParseEvent::ToolCallStart { index, id: id.to_string(), name: function_name(id).to_string() });
+        events.push(ParseEvent::ToolCallStart {
+            index,
+            id: id.to_string(),
+            name: function_name(id).to_string(),
+        });
         index
     }
 
     /// Closes the current call, which lacks its `<|tool_call_end|>`.
     fn end_unterminated_call(&mut self, args: &str, events: &mut Vec<ParseEvent>) {
         let index = self.next_index - 1;
-        events.push(ParseEvent::Malformed { index: Some(index), message: format!("tool call {index} has no <|tool_call_end|>") });
+        events.push(ParseEvent::Malformed {
+            index: Some(index),
+            message: format!("tool call {index} has no <|tool_call_end|>"),
+        });
         check_arguments(index, args, events);
         events.push(ParseEvent::ToolCallEnd { index });
     }
@@ -317,8 +361,14 @@ impl K2StreamParser {
 fn check_arguments(index: usize, args: &str, events: &mut Vec<ParseEvent>) {
     match serde_json::from_str::<serde_json::Value>(args) {
         Ok(serde_json::Value::Object(_)) => {}
-        Ok(_) => events.push(ParseEvent::Malformed { index: Some(index), message: format!("arguments of tool call {index} are not a JSON object") }),
-        Err(e) => events.push(ParseEvent::Malformed { index: Some(index), message: format!("arguments of tool call {index} are not valid JSON: {e}") }),
+        Ok(_) => events.push(ParseEvent::Malformed {
+            index: Some(index),
+            message: format!("arguments of tool call {index} are not a JSON object"),
+        }),
+        Err(e) => events.push(ParseEvent::Malformed {
+            index: Some(index),
+            message: format!("arguments of tool call {index} are not valid JSON: {e}"),
+        }),
     }
 }
 
@@ -343,10 +393,17 @@ mod tests {
     /// it up. minijinja lists are immutable, so the template's two list
     /// mutations (`ids.append(x)`, `ids.pop(0)`) are rewritten into
     /// equivalent namespace assignments first.
-    fn render_template(messages: &[Message], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool) -> String {
+    fn render_template(
+        messages: &[Message],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> String {
         let append = "{%- set _ = tool_response_queue.ids.append(formatted_id) -%}";
         let pop = "{%- set tool_call_id = tool_response_queue.ids.pop(0) -%}";
-        assert!(TEMPLATE.contains(append) && TEMPLATE.contains(pop), "template changed");
+        assert!(
+            TEMPLATE.contains(append) && TEMPLATE.contains(pop),
+            "template changed"
+        );
         let source = TEMPLATE
             .replace(append, "{%- set tool_response_queue.ids = tool_response_queue.ids + [formatted_id] -%}")
             .replace(pop, "{%- set tool_call_id = tool_response_queue.ids[0] -%}{%- set tool_response_queue.ids = tool_response_queue.ids[1:] -%}");
@@ -381,10 +438,20 @@ mod tests {
                 ],
             ),
             Message::tool_result("call_a", "Rain, 14C"),
-            Message { name: Some("get_weather".into()), ..Message::tool_result("call_b", "Sunny, 25C") },
+            Message {
+                name: Some("get_weather".into()),
+                ..Message::tool_result("call_b", "Sunny, 25C")
+            },
             Message::text("assistant", "Paris: rain. Rome: sunny."),
             Message::text("user", "And Oslo?"),
-            Message::assistant_with_calls(None, vec![ToolCall::function("call_c", "get_weather", r#"{"city":"Oslo"}"#)]),
+            Message::assistant_with_calls(
+                None,
+                vec![ToolCall::function(
+                    "call_c",
+                    "get_weather",
+                    r#"{"city":"Oslo"}"#,
+                )],
+            ),
             Message::tool_result("call_c", "Snow"),
         ]
     }
@@ -394,13 +461,19 @@ mod tests {
         let tools = [weather_tool()];
         let messages = tool_conversation();
         for add in [true, false] {
-            assert_eq!(render_k2(&messages, Some(&tools), add), render_template(&messages, Some(&tools), add));
+            assert_eq!(
+                render_k2(&messages, Some(&tools), add),
+                render_template(&messages, Some(&tools), add)
+            );
         }
         let out = render_k2(&messages, Some(&tools), true);
         assert!(out.starts_with("<|im_system|>tool_declare<|im_middle|>[{\"function\":{\"description\":\"Get the weather for a city\",\"name\":\"get_weather\""));
         assert!(out.contains("<|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{\"city\":\"Rome\"}<|tool_call_end|>"));
         assert!(out.contains("<|im_system|>get_weather<|im_middle|>## Return of functions.get_weather:1\nSunny, 25C<|im_end|>"));
-        assert!(out.contains("## Return of functions.get_weather:2\nSnow"), "ids count calls over the whole conversation");
+        assert!(
+            out.contains("## Return of functions.get_weather:2\nSnow"),
+            "ids count calls over the whole conversation"
+        );
         assert!(out.ends_with("<|im_end|><|im_assistant|>assistant<|im_middle|>"));
     }
 
@@ -408,16 +481,30 @@ mod tests {
     fn renders_like_the_published_template_without_system_or_tools() {
         let messages = vec![
             Message::text("user", "Hi"),
-            Message { name: Some("kimi".into()), ..Message::text("assistant", "Hello!") },
             Message {
-                content: Some(MessageContent::Parts(vec![ContentPart::text("Look:"), ContentPart::image_url("http://x/y.png"), ContentPart::text("ok?")])),
+                name: Some("kimi".into()),
+                ..Message::text("assistant", "Hello!")
+            },
+            Message {
+                content: Some(MessageContent::Parts(vec![
+                    ContentPart::text("Look:"),
+                    ContentPart::image_url("http://x/y.png"),
+                    ContentPart::text("ok?"),
+                ])),
                 ..Message::text("user", "")
             },
-            Message { name: Some("lookup".into()), ..Message::text("tool", "orphan result") },
+            Message {
+                name: Some("lookup".into()),
+                ..Message::text("tool", "orphan result")
+            },
         ];
         let ours = render_k2(&messages, None, true);
         assert_eq!(ours, render_template(&messages, None, true));
-        assert_eq!(render_k2(&messages, Some(&[]), true), ours, "an empty tools list declares nothing");
+        assert_eq!(
+            render_k2(&messages, Some(&[]), true),
+            ours,
+            "an empty tools list declares nothing"
+        );
         assert!(ours.starts_with("<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>\n<|im_user|>user<|im_middle|>Hi<|im_end|>"));
         assert!(ours.contains("## Return of functions.lookup:0\norphan result"));
         assert_eq!(render_k2(&[], None, true), render_template(&[], None, true));
@@ -434,17 +521,35 @@ mod tests {
         vec![
             ParseEvent::Reasoning("User wants weather. Call the tool twice.".into()),
             ParseEvent::Content("Sure — checking.".into()),
-            ParseEvent::ToolCallStart { index: 0, id: "functions.get_weather:0".into(), name: "get_weather".into() },
-            ParseEvent::ToolCallArgs { index: 0, delta: "{\"city\": \"Paris\"}".into() },
+            ParseEvent::ToolCallStart {
+                index: 0,
+                id: "functions.get_weather:0".into(),
+                name: "get_weather".into(),
+            },
+            ParseEvent::ToolCallArgs {
+                index: 0,
+                delta: "{\"city\": \"Paris\"}".into(),
+            },
             ParseEvent::ToolCallEnd { index: 0 },
-            ParseEvent::ToolCallStart { index: 1, id: "functions.get_weather:1".into(), name: "get_weather".into() },
-            ParseEvent::ToolCallArgs { index: 1, delta: "{\"city\": \"Zürich\", \"days\": 3}".into() },
+            ParseEvent::ToolCallStart {
+                index: 1,
+                id: "functions.get_weather:1".into(),
+                name: "get_weather".into(),
+            },
+            ParseEvent::ToolCallArgs {
+                index: 1,
+                delta: "{\"city\": \"Zürich\", \"days\": 3}".into(),
+            },
             ParseEvent::ToolCallEnd { index: 1 },
         ]
     }
 
     /// Feeds `text` cut at the given char counts and coalesces the events.
-    fn parse_in_pieces(mut parser: K2StreamParser, text: &str, sizes: impl Iterator<Item = usize>) -> Vec<ParseEvent> {
+    fn parse_in_pieces(
+        mut parser: K2StreamParser,
+        text: &str,
+        sizes: impl Iterator<Item = usize>,
+    ) -> Vec<ParseEvent> {
         let chars: Vec<char> = text.chars().collect();
         let mut events = Vec::new();
         let mut at = 0;
@@ -465,26 +570,42 @@ mod tests {
 
     #[test]
     fn parses_reasoning_content_and_calls() {
-        assert_eq!(parse_in_pieces(K2StreamParser::new(), OUTPUT, std::iter::empty()), expected());
+        assert_eq!(
+            parse_in_pieces(K2StreamParser::new(), OUTPUT, std::iter::empty()),
+            expected()
+        );
     }
 
     #[test]
     fn every_split_gives_the_same_events() {
         let want = expected();
         for size in [1, 2, 3, 7] {
-            assert_eq!(parse_in_pieces(K2StreamParser::new(), OUTPUT, std::iter::repeat(size)), want, "pieces of {size}");
+            assert_eq!(
+                parse_in_pieces(K2StreamParser::new(), OUTPUT, std::iter::repeat(size)),
+                want,
+                "pieces of {size}"
+            );
         }
         let n = OUTPUT.chars().count();
         for cut in 0..=n {
-            assert_eq!(parse_in_pieces(K2StreamParser::new(), OUTPUT, [cut, n].into_iter()), want, "cut at {cut}");
+            assert_eq!(
+                parse_in_pieces(K2StreamParser::new(), OUTPUT, [cut, n].into_iter()),
+                want,
+                "cut at {cut}"
+            );
         }
         let mut seed = 42u64;
         for _ in 0..50 {
             let sizes = std::iter::from_fn(|| {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 Some(1 + ((seed >> 33) % 12) as usize)
             });
-            assert_eq!(parse_in_pieces(K2StreamParser::new(), OUTPUT, sizes.take(1000)), want);
+            assert_eq!(
+                parse_in_pieces(K2StreamParser::new(), OUTPUT, sizes.take(1000)),
+                want
+            );
         }
     }
 
@@ -494,7 +615,10 @@ mod tests {
         let mut events = p.push("Answer <|tool_calls_sec");
         assert_eq!(events, vec![ParseEvent::Content("Answer ".into())]);
         events.extend(p.finish());
-        assert_eq!(coalesce(events), vec![ParseEvent::Content("Answer <|tool_calls_sec".into())]);
+        assert_eq!(
+            coalesce(events),
+            vec![ParseEvent::Content("Answer <|tool_calls_sec".into())]
+        );
         // A prefix that turns out not to be a marker is released at once.
         let mut p = K2StreamParser::new();
         assert_eq!(p.push("a <thin"), vec![ParseEvent::Content("a ".into())]);
@@ -506,23 +630,56 @@ mod tests {
         let text = "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\": <|tool_call_end|>\
 <|tool_call_begin|>functions.g:1<|tool_call_argument_begin|>[1]<|tool_call_end|>junk<|tool_calls_section_end|>";
         let events = parse_in_pieces(K2StreamParser::new(), text, std::iter::repeat(1));
-        let malformed: Vec<Option<usize>> =
-            events.iter().filter_map(|e| if let ParseEvent::Malformed { index, .. } = e { Some(*index) } else { None }).collect();
+        let malformed: Vec<Option<usize>> = events
+            .iter()
+            .filter_map(|e| {
+                if let ParseEvent::Malformed { index, .. } = e {
+                    Some(*index)
+                } else {
+                    None
+                }
+            })
+            .collect();
         assert_eq!(malformed, vec![Some(0), Some(1), None]);
-        assert!(events.contains(&ParseEvent::ToolCallEnd { index: 0 }) && events.contains(&ParseEvent::ToolCallEnd { index: 1 }));
+        assert!(
+            events.contains(&ParseEvent::ToolCallEnd { index: 0 })
+                && events.contains(&ParseEvent::ToolCallEnd { index: 1 })
+        );
         // A stream cut inside the arguments still closes the call.
         let events = parse_in_pieces(K2StreamParser::new(), "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\"", std::iter::repeat(3));
         assert_eq!(events.last(), Some(&ParseEvent::ToolCallEnd { index: 0 }));
-        assert!(events.iter().any(|e| matches!(e, ParseEvent::Malformed { index: Some(0), .. })));
+        assert!(events
+            .iter()
+            .any(|e| matches!(e, ParseEvent::Malformed { index: Some(0), .. })));
         // Stray markers in plain text.
-        let events = parse_in_pieces(K2StreamParser::new(), "x<|tool_call_end|>y<|tool_call_argument_begin|>", std::iter::repeat(2));
-        assert_eq!(events.iter().filter(|e| matches!(e, ParseEvent::Malformed { .. })).count(), 2);
+        let events = parse_in_pieces(
+            K2StreamParser::new(),
+            "x<|tool_call_end|>y<|tool_call_argument_begin|>",
+            std::iter::repeat(2),
+        );
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| matches!(e, ParseEvent::Malformed { .. }))
+                .count(),
+            2
+        );
     }
 
     #[test]
     fn in_reasoning_parser_starts_in_think() {
-        let events = parse_in_pieces(K2StreamParser::in_reasoning(), "hmm</think>Yes.<|im_end|>ignored", std::iter::repeat(2));
-        assert_eq!(events, vec![ParseEvent::Reasoning("hmm".into()), ParseEvent::Content("Yes.".into())]);
+        let events = parse_in_pieces(
+            K2StreamParser::in_reasoning(),
+            "hmm</think>Yes.<|im_end|>ignored",
+            std::iter::repeat(2),
+        );
+        assert_eq!(
+            events,
+            vec![
+                ParseEvent::Reasoning("hmm".into()),
+                ParseEvent::Content("Yes.".into())
+            ]
+        );
     }
 
     #[test]

@@ -86,7 +86,12 @@ pub struct K3Options {
 
 impl Default for K3Options {
     fn default() -> Self {
-        K3Options { thinking: true, thinking_effort: Some(ThinkingEffort::Max), tool_choice: ToolChoice::Auto, expand_json_arguments: true }
+        K3Options {
+            thinking: true,
+            thinking_effort: Some(ThinkingEffort::Max),
+            tool_choice: ToolChoice::Auto,
+            expand_json_arguments: true,
+        }
     }
 }
 
@@ -152,7 +157,11 @@ fn plain_message(out: &mut String, message: &Message) {
 fn render_assistant(out: &mut String, message: &Message, options: &K3Options) {
     if options.thinking {
         open_tag(out, "think", &[]);
-        if let Some(reasoning) = message.reasoning_content.as_deref().filter(|r| !r.trim().is_empty()) {
+        if let Some(reasoning) = message
+            .reasoning_content
+            .as_deref()
+            .filter(|r| !r.trim().is_empty())
+        {
             out.push_str(reasoning);
         }
         close_tag(out, "think");
@@ -166,13 +175,28 @@ fn render_assistant(out: &mut String, message: &Message, options: &K3Options) {
     }
     open_tag(out, "tools", &[]);
     for (i, call) in calls.iter().enumerate() {
-        open_tag(out, "call", &[("tool", &call.function.name), ("index", &(i + 1).to_string())]);
+        open_tag(
+            out,
+            "call",
+            &[
+                ("tool", &call.function.name),
+                ("index", &(i + 1).to_string()),
+            ],
+        );
         let args = &call.function.arguments;
-        let expanded = if options.expand_json_arguments { OrderedJson::parse(args).ok() } else { None };
+        let expanded = if options.expand_json_arguments {
+            OrderedJson::parse(args).ok()
+        } else {
+            None
+        };
         match expanded {
             Some(OrderedJson::Object(entries)) => {
                 for (key, value) in &entries {
-                    open_tag(out, "argument", &[("key", key), ("type", value.xtml_type())]);
+                    open_tag(
+                        out,
+                        "argument",
+                        &[("key", key), ("type", value.xtml_type())],
+                    );
                     match value {
                         OrderedJson::String(s) => out.push_str(s),
                         other => write_json(out, other, JsonStyle::Python, KeyOrder::Stored),
@@ -200,9 +224,19 @@ struct ToolState<'a> {
     index: usize,
 }
 
-fn render_tool_message(out: &mut String, message: &Message, state: &mut ToolState, resolved_name: Option<&str>) -> Result<()> {
+fn render_tool_message(
+    out: &mut String,
+    message: &Message,
+    state: &mut ToolState,
+    resolved_name: Option<&str>,
+) -> Result<()> {
     state.index += 1;
-    let fallback = || state.calls.and_then(|c| c.get(state.index - 1)).map(|c| c.function.name.as_str());
+    let fallback = || {
+        state
+            .calls
+            .and_then(|c| c.get(state.index - 1))
+            .map(|c| c.function.name.as_str())
+    };
     let name = resolved_name.or(message.name.as_deref()).or_else(fallback).ok_or_else(|| {
         Error::Template(format!(
             "Kimi K3 tool message {} needs a resolvable tool name: give it `name`, or match a preceding assistant tool_call",
@@ -210,7 +244,11 @@ fn render_tool_message(out: &mut String, message: &Message, state: &mut ToolStat
         ))
     })?;
     let index = state.index.to_string();
-    open_tag(out, "message", &[("role", "tool"), ("tool", name), ("index", &index)]);
+    open_tag(
+        out,
+        "message",
+        &[("role", "tool"), ("tool", name), ("index", &index)],
+    );
     render_content(out, &message.content);
     close_tag(out, "message");
     out.push_str("<|end_of_msg|>");
@@ -222,7 +260,10 @@ fn render_tool_run(out: &mut String, messages: &[Message], state: &mut ToolState
     let run: Vec<&Message> = messages.iter().take_while(|m| m.role == "tool").collect();
     let calls = state.calls.unwrap_or(&[]);
     let matches = |m: &Message, id: &str| m.tool_call_id.as_deref() == Some(id);
-    let resolved = run.iter().filter(|m| calls.iter().any(|c| matches(m, &c.id))).count();
+    let resolved = run
+        .iter()
+        .filter(|m| calls.iter().any(|c| matches(m, &c.id)))
+        .count();
     if !run.is_empty() && resolved == run.len() {
         let mut emitted: Vec<&str> = Vec::new();
         for call in calls {
@@ -246,13 +287,29 @@ fn render_tool_run(out: &mut String, messages: &[Message], state: &mut ToolState
 /// thinking-effort note, the messages, the tool-choice note and, if
 /// `add_generation_prompt`, the assistant header opening `think` (or
 /// `response` without thinking).
-pub fn render_k3(messages: &[Message], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool, options: &K3Options) -> Result<String> {
+pub fn render_k3(
+    messages: &[Message],
+    tools: Option<&[serde_json::Value]>,
+    add_generation_prompt: bool,
+    options: &K3Options,
+) -> Result<String> {
     let mut out = String::new();
     if let Some(tools) = tools.filter(|t| !t.is_empty()) {
-        open_tag(&mut out, "message", &[("role", "system"), ("type", "tool-declare")]);
-        out.push_str("# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n");
+        open_tag(
+            &mut out,
+            "message",
+            &[("role", "system"), ("type", "tool-declare")],
+        );
+        out.push_str(
+            "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n",
+        );
         let list = OrderedJson::Array(tools.iter().map(OrderedJson::from).collect());
-        write_json(&mut out, &list, JsonStyle::Compact, KeyOrder::SortedIgnoreCase);
+        write_json(
+            &mut out,
+            &list,
+            JsonStyle::Compact,
+            KeyOrder::SortedIgnoreCase,
+        );
         out.push_str("\n```");
         close_tag(&mut out, "message");
         out.push_str("<|end_of_msg|>");
@@ -265,12 +322,18 @@ supported values include `low`, `medium`, `high`, and `max`.\nNow the system is 
         );
         internal_system_message(&mut out, "thinking-effort", &body);
     }
-    let mut state = ToolState { calls: None, index: 0 };
+    let mut state = ToolState {
+        calls: None,
+        index: 0,
+    };
     for (i, message) in messages.iter().enumerate() {
         match message.role.as_str() {
             "user" | "system" => plain_message(&mut out, message),
             "assistant" => {
-                state = ToolState { calls: message.tool_calls.as_deref(), index: 0 };
+                state = ToolState {
+                    calls: message.tool_calls.as_deref(),
+                    index: 0,
+                };
                 let mut attrs = vec![("role", "assistant")];
                 if let Some(name) = message.name_if_set() {
                     attrs.push(("name", name));
@@ -280,7 +343,9 @@ supported values include `low`, `medium`, `high`, and `max`.\nNow the system is 
                 close_tag(&mut out, "message");
                 out.push_str("<|end_of_msg|>");
             }
-            "tool" if i == 0 || messages[i - 1].role != "tool" => render_tool_run(&mut out, &messages[i..], &mut state)?,
+            "tool" if i == 0 || messages[i - 1].role != "tool" => {
+                render_tool_run(&mut out, &messages[i..], &mut state)?
+            }
             _ => {}
         }
     }
@@ -299,7 +364,15 @@ supported values include `low`, `medium`, `high`, and `max`.\nNow the system is 
     }
     if add_generation_prompt {
         open_tag(&mut out, "message", &[("role", "assistant")]);
-        open_tag(&mut out, if options.thinking { "think" } else { "response" }, &[]);
+        open_tag(
+            &mut out,
+            if options.thinking {
+                "think"
+            } else {
+                "response"
+            },
+            &[],
+        );
     }
     Ok(out)
 }
@@ -316,27 +389,58 @@ mod tests {
     /// `json.dumps`' default layout: `", "` between items, `": "` after keys.
     struct PythonFormatter;
     impl serde_json::ser::Formatter for PythonFormatter {
-        fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
-            if first { Ok(()) } else { w.write_all(b", ") }
+        fn begin_array_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first {
+                Ok(())
+            } else {
+                w.write_all(b", ")
+            }
         }
-        fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
-            if first { Ok(()) } else { w.write_all(b", ") }
+        fn begin_object_key<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first {
+                Ok(())
+            } else {
+                w.write_all(b", ")
+            }
         }
-        fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        fn begin_object_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+        ) -> std::io::Result<()> {
             w.write_all(b": ")
         }
     }
 
     /// transformers' `tojson` filter: `json.dumps(x, ensure_ascii=False)`,
     /// no HTML escaping (minijinja's built-in escapes `<>&'` and rejects `ensure_ascii`).
-    fn python_tojson(value: &Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
+    fn python_tojson(
+        value: &Value,
+        kwargs: Kwargs,
+    ) -> std::result::Result<Value, minijinja::Error> {
         let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
-        assert_ne!(ensure_ascii, Some(true), "ensure_ascii=True is not emulated");
+        assert_ne!(
+            ensure_ascii,
+            Some(true),
+            "ensure_ascii=True is not emulated"
+        );
         kwargs.assert_all_used()?;
         let mut out = Vec::new();
-        serde::Serialize::serialize(value, &mut serde_json::Serializer::with_formatter(&mut out, PythonFormatter))
-            .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-        Ok(Value::from_safe_string(String::from_utf8(out).expect("serde_json writes UTF-8")))
+        serde::Serialize::serialize(
+            value,
+            &mut serde_json::Serializer::with_formatter(&mut out, PythonFormatter),
+        )
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+        Ok(Value::from_safe_string(
+            String::from_utf8(out).expect("serde_json writes UTF-8"),
+        ))
     }
 
     fn raise_exception(msg: String) -> std::result::Result<Value, minijinja::Error> {
@@ -346,19 +450,33 @@ mod tests {
     /// A message as the template sees it; with `expand`, each call's
     /// arguments string is given as the (order-keeping) parsed object.
     fn template_message(m: &Message, expand: bool) -> Value {
-        let serde_json::Value::Object(map) = serde_json::to_value(m).unwrap() else { unreachable!() };
-        let mut entries: Vec<(String, Value)> =
-            map.iter().filter(|(k, _)| *k != "tool_calls").map(|(k, v)| (k.clone(), Value::from_serialize(v))).collect();
+        let serde_json::Value::Object(map) = serde_json::to_value(m).unwrap() else {
+            unreachable!()
+        };
+        let mut entries: Vec<(String, Value)> = map
+            .iter()
+            .filter(|(k, _)| *k != "tool_calls")
+            .map(|(k, v)| (k.clone(), Value::from_serialize(v)))
+            .collect();
         if let Some(calls) = &m.tool_calls {
             let calls: Vec<Value> = calls
                 .iter()
                 .map(|c| {
                     let args = match OrderedJson::parse(&c.function.arguments) {
-                        Ok(parsed @ OrderedJson::Object(_)) if expand => Value::from_serialize(&parsed),
+                        Ok(parsed @ OrderedJson::Object(_)) if expand => {
+                            Value::from_serialize(&parsed)
+                        }
                         _ => Value::from(c.function.arguments.clone()),
                     };
-                    let function = Value::from_iter([("name".to_string(), Value::from(c.function.name.clone())), ("arguments".to_string(), args)]);
-                    Value::from_iter([("id".to_string(), Value::from(c.id.clone())), ("type".to_string(), Value::from("function")), ("function".to_string(), function)])
+                    let function = Value::from_iter([
+                        ("name".to_string(), Value::from(c.function.name.clone())),
+                        ("arguments".to_string(), args),
+                    ]);
+                    Value::from_iter([
+                        ("id".to_string(), Value::from(c.id.clone())),
+                        ("type".to_string(), Value::from("function")),
+                        ("function".to_string(), function),
+                    ])
                 })
                 .collect();
             entries.push(("tool_calls".into(), Value::from(calls)));
@@ -368,7 +486,12 @@ mod tests {
 
     /// Renders the published template with minijinja (set up as `chat::render`
     /// does, plus transformers' `tojson`).
-    fn render_template(messages: &[Message], tools: Option<&[serde_json::Value]>, add: bool, o: &K3Options) -> std::result::Result<String, minijinja::Error> {
+    fn render_template(
+        messages: &[Message],
+        tools: Option<&[serde_json::Value]>,
+        add: bool,
+        o: &K3Options,
+    ) -> std::result::Result<String, minijinja::Error> {
         let mut env = Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -377,7 +500,10 @@ mod tests {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.add_template("chat", TEMPLATE).unwrap();
-        let messages: Vec<Value> = messages.iter().map(|m| template_message(m, o.expand_json_arguments)).collect();
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|m| template_message(m, o.expand_json_arguments))
+            .collect();
         let tool_choice = match o.tool_choice {
             ToolChoice::Auto => "auto",
             ToolChoice::Required => "required",
@@ -411,9 +537,17 @@ mod tests {
                 ..Message::assistant_with_calls(
                     Some("Let me check."),
                     vec![
-                        ToolCall::function("call_a", "get_weather", r#"{"city": "Paris", "days": 2, "opts": {"unit": "C", "hourly": [1, 2.5]}, "strict": true, "note": null}"#),
+                        ToolCall::function(
+                            "call_a",
+                            "get_weather",
+                            r#"{"city": "Paris", "days": 2, "opts": {"unit": "C", "hourly": [1, 2.5]}, "strict": true, "note": null}"#,
+                        ),
                         ToolCall::function("call_b", "get_weather", r#"{"city":"Rome"}"#),
-                        ToolCall::function("call_c", "search", r#"{"we\"ird&key": "x & y", "q": "multi\nline"}"#),
+                        ToolCall::function(
+                            "call_c",
+                            "search",
+                            r#"{"we\"ird&key": "x & y", "q": "multi\nline"}"#,
+                        ),
                     ],
                 )
             },
@@ -422,7 +556,10 @@ mod tests {
             Message::tool_result("call_c", "3 results"),
             Message::tool_result("call_a", "Rain, 14C"),
             Message::text("assistant", "Paris: rain. Rome: sunny."),
-            Message { name: Some("alice".into()), ..Message::text("user", "Thanks!") },
+            Message {
+                name: Some("alice".into()),
+                ..Message::text("user", "Thanks!")
+            },
         ]
     }
 
@@ -432,46 +569,92 @@ mod tests {
         let messages = tool_conversation();
         for expand in [true, false] {
             for add in [true, false] {
-                let o = K3Options { expand_json_arguments: expand, ..K3Options::default() };
-                assert_eq!(render_k3(&messages, Some(&tools), add, &o).unwrap(), render_template(&messages, Some(&tools), add, &o).unwrap(), "expand {expand} add {add}");
+                let o = K3Options {
+                    expand_json_arguments: expand,
+                    ..K3Options::default()
+                };
+                assert_eq!(
+                    render_k3(&messages, Some(&tools), add, &o).unwrap(),
+                    render_template(&messages, Some(&tools), add, &o).unwrap(),
+                    "expand {expand} add {add}"
+                );
             }
         }
         let out = render_k3(&messages, Some(&tools), true, &K3Options::default()).unwrap();
-        assert!(out.starts_with("<|open|>message role=\"system\" type=\"tool-declare\"<|sep|># Tools\n"));
+        assert!(out
+            .starts_with("<|open|>message role=\"system\" type=\"tool-declare\"<|sep|># Tools\n"));
         assert!(out.contains("\"properties\":{\"city\":{\"description\":\"City name\",\"type\":\"string\"},\"Days\":{\"minimum\":1,\"type\":\"integer\"}}"), "dictsort ignores case");
         assert!(out.contains("<|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|><|open|>argument key=\"days\" type=\"number\"<|sep|>2<|close|>argument<|sep|><|open|>argument key=\"opts\" type=\"object\"<|sep|>{\"unit\": \"C\", \"hourly\": [1, 2.5]}<|close|>argument<|sep|>"));
         assert!(out.contains("<|open|>argument key=\"we&quot;ird&amp;key\" type=\"string\"<|sep|>x & y<|close|>argument<|sep|>"));
         assert!(out.contains("<|open|>message role=\"tool\" tool=\"get_weather\" index=\"1\"<|sep|>Rain, 14C<|close|>message<|sep|><|end_of_msg|><|open|>message role=\"tool\" tool=\"get_weather\" index=\"2\"<|sep|>Sunny, 25C"));
-        assert!(out.contains("<|open|>think<|sep|><|close|>think<|sep|><|open|>response<|sep|>Paris: rain."), "history keeps an empty think channel");
-        assert!(out.ends_with("<|end_of_msg|><|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>"));
+        assert!(
+            out.contains(
+                "<|open|>think<|sep|><|close|>think<|sep|><|open|>response<|sep|>Paris: rain."
+            ),
+            "history keeps an empty think channel"
+        );
+        assert!(out.ends_with(
+            "<|end_of_msg|><|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>"
+        ));
     }
 
     #[test]
     fn renders_like_the_published_template_without_thinking() {
         let messages = vec![
-            Message { name: Some("ops".into()), ..Message::text("system", "Be brief.") },
             Message {
-                content: Some(MessageContent::Parts(vec![ContentPart::text("What is "), ContentPart::image_url("http://x/y.png"), ContentPart::text("?")])),
+                name: Some("ops".into()),
+                ..Message::text("system", "Be brief.")
+            },
+            Message {
+                content: Some(MessageContent::Parts(vec![
+                    ContentPart::text("What is "),
+                    ContentPart::image_url("http://x/y.png"),
+                    ContentPart::text("?"),
+                ])),
                 ..Message::text("user", "")
             },
             Message {
                 reasoning_content: Some("hidden".into()),
-                ..Message::assistant_with_calls(None, vec![ToolCall::function("1", "lookup", ""), ToolCall::function("2", "fetch", r#"{"url": "http://a/?b=1&c=2"}"#)])
+                ..Message::assistant_with_calls(
+                    None,
+                    vec![
+                        ToolCall::function("1", "lookup", ""),
+                        ToolCall::function("2", "fetch", r#"{"url": "http://a/?b=1&c=2"}"#),
+                    ],
+                )
             },
             // No ids: names come from the message, else from the calls by position.
-            Message { name: Some("lookup".into()), ..Message::text("tool", "a") },
+            Message {
+                name: Some("lookup".into()),
+                ..Message::text("tool", "a")
+            },
             Message::text("tool", "b"),
             Message::text("user", "ok"),
         ];
-        let o = K3Options { thinking: false, thinking_effort: None, tool_choice: ToolChoice::Required, expand_json_arguments: true };
+        let o = K3Options {
+            thinking: false,
+            thinking_effort: None,
+            tool_choice: ToolChoice::Required,
+            expand_json_arguments: true,
+        };
         let ours = render_k3(&messages, None, true, &o).unwrap();
         assert_eq!(ours, render_template(&messages, None, true, &o).unwrap());
         assert!(!ours.contains("think"));
         assert!(ours.contains("<|open|>message role=\"tool\" tool=\"fetch\" index=\"2\"<|sep|>b"));
         assert!(ours.ends_with("<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>"));
-        let o = K3Options { thinking_effort: Some(ThinkingEffort::Low), tool_choice: ToolChoice::None, ..K3Options::default() };
-        assert_eq!(render_k3(&messages, Some(&tools()), false, &o).unwrap(), render_template(&messages, Some(&tools()), false, &o).unwrap());
-        assert_eq!(render_k3(&[], None, true, &K3Options::default()).unwrap(), render_template(&[], None, true, &K3Options::default()).unwrap());
+        let o = K3Options {
+            thinking_effort: Some(ThinkingEffort::Low),
+            tool_choice: ToolChoice::None,
+            ..K3Options::default()
+        };
+        assert_eq!(
+            render_k3(&messages, Some(&tools()), false, &o).unwrap(),
+            render_template(&messages, Some(&tools()), false, &o).unwrap()
+        );
+        assert_eq!(
+            render_k3(&[], None, true, &K3Options::default()).unwrap(),
+            render_template(&[], None, true, &K3Options::default()).unwrap()
+        );
     }
 
     #[test]

@@ -117,7 +117,14 @@ impl K3StreamParser {
     pub fn new(thinking: bool) -> K3StreamParser {
         K3StreamParser {
             scanner: MarkerScanner::new(K3_MARKERS),
-            stack: vec![Elem::Message, if thinking { Elem::Think } else { Elem::Response }],
+            stack: vec![
+                Elem::Message,
+                if thinking {
+                    Elem::Think
+                } else {
+                    Elem::Response
+                },
+            ],
             mode: Mode::Body,
             between: String::new(),
             call: None,
@@ -142,7 +149,10 @@ impl K3StreamParser {
             self.on_piece(piece, &mut events);
         }
         if let Mode::Header(_, header) = &self.mode {
-            events.push(ParseEvent::Malformed { index: self.call.as_ref().map(|c| c.index), message: format!("stream ended inside tag {}", json_string(header)) });
+            events.push(ParseEvent::Malformed {
+                index: self.call.as_ref().map(|c| c.index),
+                message: format!("stream ended inside tag {}", json_string(header)),
+            });
         }
         self.flush_between(&mut events);
         self.close_all(&mut events, "stream ended");
@@ -171,7 +181,10 @@ impl K3StreamParser {
                 Mode::Body
             }
             (Mode::Header(_, header), Piece::Marker(m)) => {
-                events.push(ParseEvent::Malformed { index: self.call.as_ref().map(|c| c.index), message: format!("tag {} has no <|sep|>", json_string(&header)) });
+                events.push(ParseEvent::Malformed {
+                    index: self.call.as_ref().map(|c| c.index),
+                    message: format!("tag {} has no <|sep|>", json_string(&header)),
+                });
                 self.on_body_marker(m, events)
             }
             (Mode::Body, Piece::Marker(m)) => {
@@ -190,7 +203,10 @@ impl K3StreamParser {
                 Mode::Done
             }
             _ => {
-                events.push(ParseEvent::Malformed { index: self.call.as_ref().map(|c| c.index), message: "stray <|sep|>".into() });
+                events.push(ParseEvent::Malformed {
+                    index: self.call.as_ref().map(|c| c.index),
+                    message: "stray <|sep|>".into(),
+                });
                 Mode::Body
             }
         }
@@ -214,7 +230,10 @@ impl K3StreamParser {
                 Elem::Json => {
                     if let Some(call) = self.call.as_mut() {
                         call.json.get_or_insert_with(String::new).push_str(&text);
-                        events.push(ParseEvent::ToolCallArgs { index: call.index, delta: text });
+                        events.push(ParseEvent::ToolCallArgs {
+                            index: call.index,
+                            delta: text,
+                        });
                     }
                     return;
                 }
@@ -232,8 +251,15 @@ impl K3StreamParser {
         if text.trim().is_empty() {
             return;
         }
-        if self.stack.iter().any(|e| matches!(e, Elem::Tools | Elem::Call)) {
-            events.push(ParseEvent::Malformed { index: self.call.as_ref().map(|c| c.index), message: format!("text inside tools: {}", json_string(&text)) });
+        if self
+            .stack
+            .iter()
+            .any(|e| matches!(e, Elem::Tools | Elem::Call))
+        {
+            events.push(ParseEvent::Malformed {
+                index: self.call.as_ref().map(|c| c.index),
+                message: format!("text inside tools: {}", json_string(&text)),
+            });
         } else {
             events.push(ParseEvent::Content(text));
         }
@@ -253,39 +279,74 @@ impl K3StreamParser {
                 let index = self.next_index;
                 self.next_index += 1;
                 if name.is_empty() {
-                    events.push(ParseEvent::Malformed { index: Some(index), message: format!("tool call {index} has no tool name") });
+                    events.push(ParseEvent::Malformed {
+                        index: Some(index),
+                        message: format!("tool call {index} has no tool name"),
+                    });
                 }
-                events.push(ParseEvent::ToolCallStart { index, id: format!("functions.{name}:{index}"), name });
-                self.call = Some(OpenCall { index, brace: false, json: None });
+                events.push(ParseEvent::ToolCallStart {
+                    index,
+                    id: format!("functions.{name}:{index}"),
+                    name,
+                });
+                self.call = Some(OpenCall {
+                    index,
+                    brace: false,
+                    json: None,
+                });
                 Elem::Call
             }
             "argument" => match self.call.as_mut() {
                 Some(call) => {
                     let key = attr("key").unwrap_or_default();
                     let ty = attr("type").unwrap_or_else(|| "string".into());
-                    let prefix = format!("{}{}:", if call.brace { "," } else { "{" }, json_string(&key));
+                    let prefix = format!(
+                        "{}{}:",
+                        if call.brace { "," } else { "{" },
+                        json_string(&key)
+                    );
                     call.brace = true;
                     let string = ty == "string";
                     if string {
-                        events.push(ParseEvent::ToolCallArgs { index: call.index, delta: format!("{prefix}\"") });
+                        events.push(ParseEvent::ToolCallArgs {
+                            index: call.index,
+                            delta: format!("{prefix}\""),
+                        });
                     }
-                    Elem::Argument { string, prefix, value: String::new(), ty }
+                    Elem::Argument {
+                        string,
+                        prefix,
+                        value: String::new(),
+                        ty,
+                    }
                 }
                 None => {
-                    events.push(ParseEvent::Malformed { index: None, message: "argument outside a tool call".into() });
+                    events.push(ParseEvent::Malformed {
+                        index: None,
+                        message: "argument outside a tool call".into(),
+                    });
                     Elem::Other(name)
                 }
             },
             "json" => match self.call.as_mut() {
                 Some(call) => {
                     if call.brace || call.json.is_some() {
-                        events.push(ParseEvent::Malformed { index: Some(call.index), message: format!("tool call {} mixes json and argument elements", call.index) });
+                        events.push(ParseEvent::Malformed {
+                            index: Some(call.index),
+                            message: format!(
+                                "tool call {} mixes json and argument elements",
+                                call.index
+                            ),
+                        });
                     }
                     call.json.get_or_insert_with(String::new);
                     Elem::Json
                 }
                 None => {
-                    events.push(ParseEvent::Malformed { index: None, message: "json outside a tool call".into() });
+                    events.push(ParseEvent::Malformed {
+                        index: None,
+                        message: "json outside a tool call".into(),
+                    });
                     Elem::Other(name)
                 }
             },
@@ -296,13 +357,19 @@ impl K3StreamParser {
 
     fn close_element(&mut self, name: &str, events: &mut Vec<ParseEvent>) {
         let Some(pos) = self.stack.iter().rposition(|e| e.name() == name) else {
-            events.push(ParseEvent::Malformed { index: self.call.as_ref().map(|c| c.index), message: format!("close of `{name}`, which is not open") });
+            events.push(ParseEvent::Malformed {
+                index: self.call.as_ref().map(|c| c.index),
+                message: format!("close of `{name}`, which is not open"),
+            });
             return;
         };
         while self.stack.len() > pos {
             let elem = self.stack.pop().expect("stack is longer than pos");
             if self.stack.len() > pos {
-                events.push(ParseEvent::Malformed { index: self.call.as_ref().map(|c| c.index), message: format!("`{}` closed by the close of `{name}`", elem.name()) });
+                events.push(ParseEvent::Malformed {
+                    index: self.call.as_ref().map(|c| c.index),
+                    message: format!("`{}` closed by the close of `{name}`", elem.name()),
+                });
             }
             self.on_closed(elem, events);
         }
@@ -310,15 +377,36 @@ impl K3StreamParser {
 
     fn on_closed(&mut self, elem: Elem, events: &mut Vec<ParseEvent>) {
         match elem {
-            Elem::Argument { string, prefix, value, ty } => {
-                let Some(index) = self.call.as_ref().map(|c| c.index) else { return };
+            Elem::Argument {
+                string,
+                prefix,
+                value,
+                ty,
+            } => {
+                let Some(index) = self.call.as_ref().map(|c| c.index) else {
+                    return;
+                };
                 if string {
-                    events.push(ParseEvent::ToolCallArgs { index, delta: "\"".into() });
+                    events.push(ParseEvent::ToolCallArgs {
+                        index,
+                        delta: "\"".into(),
+                    });
                 } else if serde_json::from_str::<serde_json::Value>(&value).is_ok() {
-                    events.push(ParseEvent::ToolCallArgs { index, delta: format!("{prefix}{}", value.trim()) });
+                    events.push(ParseEvent::ToolCallArgs {
+                        index,
+                        delta: format!("{prefix}{}", value.trim()),
+                    });
                 } else {
-                    events.push(ParseEvent::Malformed { index: Some(index), message: format!("argument {prefix} of type {ty} is not valid JSON; passed as a string") });
-                    events.push(ParseEvent::ToolCallArgs { index, delta: format!("{prefix}{}", json_string(&value)) });
+                    events.push(ParseEvent::Malformed {
+                        index: Some(index),
+                        message: format!(
+                            "argument {prefix} of type {ty} is not valid JSON; passed as a string"
+                        ),
+                    });
+                    events.push(ParseEvent::ToolCallArgs {
+                        index,
+                        delta: format!("{prefix}{}", json_string(&value)),
+                    });
                 }
             }
             Elem::Call => self.close_open_call(events, ""),
@@ -331,17 +419,34 @@ impl K3StreamParser {
         let Some(call) = self.call.take() else { return };
         let index = call.index;
         if !why.is_empty() {
-            events.push(ParseEvent::Malformed { index: Some(index), message: format!("tool call {index} not closed: {why}") });
+            events.push(ParseEvent::Malformed {
+                index: Some(index),
+                message: format!("tool call {index} not closed: {why}"),
+            });
         }
         match call.json {
             Some(json) => {
                 if json.trim().is_empty() {
-                    events.push(ParseEvent::ToolCallArgs { index, delta: "{}".into() });
-                } else if !matches!(serde_json::from_str::<serde_json::Value>(&json), Ok(serde_json::Value::Object(_))) {
-                    events.push(ParseEvent::Malformed { index: Some(index), message: format!("json arguments of tool call {index} are not a JSON object") });
+                    events.push(ParseEvent::ToolCallArgs {
+                        index,
+                        delta: "{}".into(),
+                    });
+                } else if !matches!(
+                    serde_json::from_str::<serde_json::Value>(&json),
+                    Ok(serde_json::Value::Object(_))
+                ) {
+                    events.push(ParseEvent::Malformed {
+                        index: Some(index),
+                        message: format!(
+                            "json arguments of tool call {index} are not a JSON object"
+                        ),
+                    });
                 }
             }
-            None => events.push(ParseEvent::ToolCallArgs { index, delta: if call.brace { "}" } else { "{}" }.into() }),
+            None => events.push(ParseEvent::ToolCallArgs {
+                index,
+                delta: if call.brace { "}" } else { "{}" }.into(),
+            }),
         }
         events.push(ParseEvent::ToolCallEnd { index });
     }
@@ -351,7 +456,10 @@ impl K3StreamParser {
         while let Some(elem) = self.stack.pop() {
             match elem {
                 Elem::Argument { .. } => {
-                    events.push(ParseEvent::Malformed { index: self.call.as_ref().map(|c| c.index), message: format!("argument not closed: {why}") });
+                    events.push(ParseEvent::Malformed {
+                        index: self.call.as_ref().map(|c| c.index),
+                        message: format!("argument not closed: {why}"),
+                    });
                     self.on_closed(elem, events);
                 }
                 Elem::Call => self.close_open_call(events, why),
@@ -364,11 +472,17 @@ impl K3StreamParser {
 /// Splits a tag header `name key="value" …` into the name and unescaped attributes.
 fn parse_header(header: &str) -> (String, Vec<(String, String)>) {
     let header = header.trim();
-    let (name, mut rest) = header.split_once(char::is_whitespace).unwrap_or((header, ""));
+    let (name, mut rest) = header
+        .split_once(char::is_whitespace)
+        .unwrap_or((header, ""));
     let mut attrs = Vec::new();
     while let Some((key, after)) = rest.split_once('=') {
-        let Some(after) = after.trim_start().strip_prefix('"') else { break };
-        let Some((value, after)) = after.split_once('"') else { break };
+        let Some(after) = after.trim_start().strip_prefix('"') else {
+            break;
+        };
+        let Some((value, after)) = after.split_once('"') else {
+            break;
+        };
         attrs.push((key.trim().to_string(), unescape_attr(value)));
         rest = after;
     }
@@ -393,19 +507,44 @@ mod tests {
         vec![
             ParseEvent::Reasoning("The user wants weather in Zürich.".into()),
             ParseEvent::Content("Checking two things.".into()),
-            ParseEvent::ToolCallStart { index: 0, id: "functions.get_weather:0".into(), name: "get_weather".into() },
-            ParseEvent::ToolCallArgs { index: 0, delta: r#"{"city":"Zürich \"Nord\"\n","days":3}"#.into() },
+            ParseEvent::ToolCallStart {
+                index: 0,
+                id: "functions.get_weather:0".into(),
+                name: "get_weather".into(),
+            },
+            ParseEvent::ToolCallArgs {
+                index: 0,
+                delta: r#"{"city":"Zürich \"Nord\"\n","days":3}"#.into(),
+            },
             ParseEvent::ToolCallEnd { index: 0 },
-            ParseEvent::ToolCallStart { index: 1, id: "functions.search:1".into(), name: "search".into() },
-            ParseEvent::ToolCallArgs { index: 1, delta: r#"{"q&\"":"a &amp; b","filters":{"lang": "de", "n": [1, 2]}}"#.into() },
+            ParseEvent::ToolCallStart {
+                index: 1,
+                id: "functions.search:1".into(),
+                name: "search".into(),
+            },
+            ParseEvent::ToolCallArgs {
+                index: 1,
+                delta: r#"{"q&\"":"a &amp; b","filters":{"lang": "de", "n": [1, 2]}}"#.into(),
+            },
             ParseEvent::ToolCallEnd { index: 1 },
-            ParseEvent::ToolCallStart { index: 2, id: "functions.now:2".into(), name: "now".into() },
-            ParseEvent::ToolCallArgs { index: 2, delta: "{}".into() },
+            ParseEvent::ToolCallStart {
+                index: 2,
+                id: "functions.now:2".into(),
+                name: "now".into(),
+            },
+            ParseEvent::ToolCallArgs {
+                index: 2,
+                delta: "{}".into(),
+            },
             ParseEvent::ToolCallEnd { index: 2 },
         ]
     }
 
-    fn parse_in_pieces(mut parser: K3StreamParser, text: &str, sizes: impl Iterator<Item = usize>) -> Vec<ParseEvent> {
+    fn parse_in_pieces(
+        mut parser: K3StreamParser,
+        text: &str,
+        sizes: impl Iterator<Item = usize>,
+    ) -> Vec<ParseEvent> {
         let chars: Vec<char> = text.chars().collect();
         let mut events = Vec::new();
         let mut at = 0;
@@ -430,7 +569,9 @@ mod tests {
         assert_eq!(events, expected());
         for e in &events {
             if let ParseEvent::ToolCallArgs { delta, .. } = e {
-                assert!(serde_json::from_str::<serde_json::Value>(delta).unwrap().is_object());
+                assert!(serde_json::from_str::<serde_json::Value>(delta)
+                    .unwrap()
+                    .is_object());
             }
         }
     }
@@ -439,19 +580,32 @@ mod tests {
     fn every_split_gives_the_same_events() {
         let want = expected();
         for size in [1, 2, 3, 5] {
-            assert_eq!(parse_in_pieces(K3StreamParser::new(true), OUTPUT, std::iter::repeat(size)), want, "pieces of {size}");
+            assert_eq!(
+                parse_in_pieces(K3StreamParser::new(true), OUTPUT, std::iter::repeat(size)),
+                want,
+                "pieces of {size}"
+            );
         }
         let n = OUTPUT.chars().count();
         for cut in 0..=n {
-            assert_eq!(parse_in_pieces(K3StreamParser::new(true), OUTPUT, [cut, n].into_iter()), want, "cut at {cut}");
+            assert_eq!(
+                parse_in_pieces(K3StreamParser::new(true), OUTPUT, [cut, n].into_iter()),
+                want,
+                "cut at {cut}"
+            );
         }
         let mut seed = 9u64;
         for _ in 0..50 {
             let sizes = std::iter::from_fn(|| {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 Some(1 + ((seed >> 33) % 12) as usize)
             });
-            assert_eq!(parse_in_pieces(K3StreamParser::new(true), OUTPUT, sizes.take(2000)), want);
+            assert_eq!(
+                parse_in_pieces(K3StreamParser::new(true), OUTPUT, sizes.take(2000)),
+                want
+            );
         }
     }
 
@@ -461,35 +615,60 @@ mod tests {
         let mut calls: Vec<ToolCall> = Vec::new();
         for e in events {
             match e {
-                ParseEvent::ToolCallStart { id, name, .. } => calls.push(ToolCall::function(&id, &name, "")),
-                ParseEvent::ToolCallArgs { index, delta } => calls[index].function.arguments.push_str(&delta),
+                ParseEvent::ToolCallStart { id, name, .. } => {
+                    calls.push(ToolCall::function(&id, &name, ""))
+                }
+                ParseEvent::ToolCallArgs { index, delta } => {
+                    calls[index].function.arguments.push_str(&delta)
+                }
                 _ => {}
             }
         }
         let message = Message::assistant_with_calls(Some("Checking two things."), calls);
-        let rendered = render_k3(&[message], None, false, &K3Options { thinking: false, ..K3Options::default() }).unwrap();
-        let section = |s: &str| s[s.find("<|open|>tools").unwrap()..s.find("<|close|>tools<|sep|>").unwrap()].to_string();
+        let rendered = render_k3(
+            &[message],
+            None,
+            false,
+            &K3Options {
+                thinking: false,
+                ..K3Options::default()
+            },
+        )
+        .unwrap();
+        let section = |s: &str| {
+            s[s.find("<|open|>tools").unwrap()..s.find("<|close|>tools<|sep|>").unwrap()]
+                .to_string()
+        };
         // Argument values are not entity-escaped (only attributes are), so `a &amp; b` survives as written.
         assert_eq!(section(&rendered), section(OUTPUT));
     }
 
     #[test]
     fn non_thinking_parser_starts_in_response() {
-        let events = parse_in_pieces(K3StreamParser::new(false), "Hi<|close|>response<|sep|><|close|>message<|sep|>", std::iter::repeat(3));
+        let events = parse_in_pieces(
+            K3StreamParser::new(false),
+            "Hi<|close|>response<|sep|><|close|>message<|sep|>",
+            std::iter::repeat(3),
+        );
         assert_eq!(events, vec![ParseEvent::Content("Hi".into())]);
     }
 
     #[test]
     fn a_stream_ending_mid_marker_or_mid_tag_is_reported() {
         let mut p = K3StreamParser::new(true);
-        assert_eq!(p.push("thinking <|clo"), vec![ParseEvent::Reasoning("thinking ".into())]);
+        assert_eq!(
+            p.push("thinking <|clo"),
+            vec![ParseEvent::Reasoning("thinking ".into())]
+        );
         assert_eq!(p.finish(), vec![ParseEvent::Reasoning("<|clo".into())]);
         let mut p = K3StreamParser::new(false);
         let mut events = p.push("x<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|open|>argument key=\"a\" type=\"str");
         events.extend(p.finish());
         let events = coalesce(events);
         assert_eq!(events[0], ParseEvent::Content("x".into()));
-        assert!(events.iter().any(|e| matches!(e, ParseEvent::Malformed { index: Some(0), .. })));
+        assert!(events
+            .iter()
+            .any(|e| matches!(e, ParseEvent::Malformed { index: Some(0), .. })));
         assert_eq!(events.last(), Some(&ParseEvent::ToolCallEnd { index: 0 }));
     }
 
@@ -501,20 +680,58 @@ mod tests {
         for size in [1, 4, 1000] {
             let events = parse_in_pieces(K3StreamParser::new(true), text, std::iter::repeat(size));
             let args: Vec<String> = (0..2)
-                .map(|i| events.iter().filter_map(|e| match e { ParseEvent::ToolCallArgs { index, delta } if *index == i => Some(delta.as_str()), _ => None }).collect())
+                .map(|i| {
+                    events
+                        .iter()
+                        .filter_map(|e| match e {
+                            ParseEvent::ToolCallArgs { index, delta } if *index == i => {
+                                Some(delta.as_str())
+                            }
+                            _ => None,
+                        })
+                        .collect()
+                })
                 .collect();
-            assert_eq!(args[0], r#"{"n":"twelve","s":"ok"}"#, "an invalid number becomes a string; a missing type means string");
+            assert_eq!(
+                args[0], r#"{"n":"twelve","s":"ok"}"#,
+                "an invalid number becomes a string; a missing type means string"
+            );
             assert_eq!(args[1], r#"{"a": 1"#, "json arguments stream raw");
-            let malformed: Vec<Option<usize>> = events.iter().filter_map(|e| if let ParseEvent::Malformed { index, .. } = e { Some(*index) } else { None }).collect();
-            assert_eq!(malformed, vec![Some(0), Some(1), None, None, None], "bad number, bad json, stray text, unknown close, stray sep");
+            let malformed: Vec<Option<usize>> = events
+                .iter()
+                .filter_map(|e| {
+                    if let ParseEvent::Malformed { index, .. } = e {
+                        Some(*index)
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            assert_eq!(
+                malformed,
+                vec![Some(0), Some(1), None, None, None],
+                "bad number, bad json, stray text, unknown close, stray sep"
+            );
         }
     }
 
     #[test]
     fn headers_parse_names_and_unescaped_attributes() {
-        assert_eq!(parse_header("call tool=\"a&amp;b&quot;\" index=\"2\""), ("call".into(), vec![("tool".into(), "a&b\"".into()), ("index".into(), "2".into())]));
+        assert_eq!(
+            parse_header("call tool=\"a&amp;b&quot;\" index=\"2\""),
+            (
+                "call".into(),
+                vec![
+                    ("tool".into(), "a&b\"".into()),
+                    ("index".into(), "2".into())
+                ]
+            )
+        );
         assert_eq!(parse_header(" think "), ("think".into(), vec![]));
-        assert_eq!(parse_header("argument key=\"k\" type=broken"), ("argument".into(), vec![("key".into(), "k".into())]));
+        assert_eq!(
+            parse_header("argument key=\"k\" type=broken"),
+            ("argument".into(), vec![("key".into(), "k".into())])
+        );
         assert_eq!(unescape_attr(&escape_attr("&quot;\"&")), "&quot;\"&");
     }
 }

@@ -73,7 +73,10 @@ impl Message {
 
     /// A tool result answering `tool_call_id`.
     pub fn tool_result(tool_call_id: &str, content: &str) -> Message {
-        Message { tool_call_id: Some(tool_call_id.into()), ..Message::text("tool", content) }
+        Message {
+            tool_call_id: Some(tool_call_id.into()),
+            ..Message::text("tool", content)
+        }
     }
 
     /// The non-empty `name`, if any (templates test `message.get('name')` for truth).
@@ -109,12 +112,20 @@ pub struct ContentPart {
 impl ContentPart {
     /// A text part.
     pub fn text(text: &str) -> ContentPart {
-        ContentPart { kind: "text".into(), text: Some(text.into()), image_url: None }
+        ContentPart {
+            kind: "text".into(),
+            text: Some(text.into()),
+            image_url: None,
+        }
     }
 
     /// An `image_url` part.
     pub fn image_url(url: &str) -> ContentPart {
-        ContentPart { kind: "image_url".into(), text: None, image_url: Some(serde_json::json!({ "url": url })) }
+        ContentPart {
+            kind: "image_url".into(),
+            text: None,
+            image_url: Some(serde_json::json!({ "url": url })),
+        }
     }
 }
 
@@ -137,7 +148,14 @@ fn function_kind() -> String {
 impl ToolCall {
     /// A function call with `arguments` as a JSON string.
     pub fn function(id: &str, name: &str, arguments: &str) -> ToolCall {
-        ToolCall { id: id.into(), kind: function_kind(), function: FunctionCall { name: name.into(), arguments: arguments.into() } }
+        ToolCall {
+            id: id.into(),
+            kind: function_kind(),
+            function: FunctionCall {
+                name: name.into(),
+                arguments: arguments.into(),
+            },
+        }
     }
 }
 
@@ -210,7 +228,10 @@ pub(crate) enum Piece {
 impl MarkerScanner {
     /// A scanner for `markers`; none may be a prefix of another.
     pub(crate) fn new(markers: &'static [&'static str]) -> MarkerScanner {
-        MarkerScanner { markers, held: String::new() }
+        MarkerScanner {
+            markers,
+            held: String::new(),
+        }
     }
 
     /// Scans `delta` (after the held text): complete markers and the text
@@ -258,7 +279,13 @@ impl MarkerScanner {
         let longest = self.markers.iter().map(|m| m.len()).max().unwrap_or(0);
         (1..longest.min(s.len() + 1))
             .rev()
-            .find(|&k| s.is_char_boundary(s.len() - k) && self.markers.iter().any(|m| m.len() > k && m.starts_with(&s[s.len() - k..])))
+            .find(|&k| {
+                s.is_char_boundary(s.len() - k)
+                    && self
+                        .markers
+                        .iter()
+                        .any(|m| m.len() > k && m.starts_with(&s[s.len() - k..]))
+            })
             .unwrap_or(0)
     }
 }
@@ -314,7 +341,11 @@ pub(crate) fn write_json(out: &mut String, value: &OrderedJson, style: JsonStyle
             match order {
                 KeyOrder::Stored => {}
                 KeyOrder::Sorted => entries.sort_by(|a, b| a.0.cmp(&b.0)),
-                KeyOrder::SortedIgnoreCase => entries.sort_by(|a, b| a.0.to_lowercase().cmp(&b.0.to_lowercase()).then(a.0.cmp(&b.0))),
+                KeyOrder::SortedIgnoreCase => entries.sort_by(|a, b| {
+                    a.0.to_lowercase()
+                        .cmp(&b.0.to_lowercase())
+                        .then(a.0.cmp(&b.0))
+                }),
             }
             out.push('{');
             for (i, (key, item)) in entries.iter().enumerate() {
@@ -375,8 +406,14 @@ impl From<&serde_json::Value> for OrderedJson {
             serde_json::Value::Bool(b) => OrderedJson::Bool(*b),
             serde_json::Value::Number(n) => OrderedJson::Number(n.clone()),
             serde_json::Value::String(s) => OrderedJson::String(s.clone()),
-            serde_json::Value::Array(a) => OrderedJson::Array(a.iter().map(OrderedJson::from).collect()),
-            serde_json::Value::Object(o) => OrderedJson::Object(o.iter().map(|(k, v)| (k.clone(), OrderedJson::from(v))).collect()),
+            serde_json::Value::Array(a) => {
+                OrderedJson::Array(a.iter().map(OrderedJson::from).collect())
+            }
+            serde_json::Value::Object(o) => OrderedJson::Object(
+                o.iter()
+                    .map(|(k, v)| (k.clone(), OrderedJson::from(v)))
+                    .collect(),
+            ),
         }
     }
 }
@@ -405,7 +442,9 @@ impl<'de> Deserialize<'de> for OrderedJson {
                 Ok(OrderedJson::Number(n.into()))
             }
             fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<OrderedJson, E> {
-                serde_json::Number::from_f64(n).map(OrderedJson::Number).ok_or_else(|| E::custom("non-finite number"))
+                serde_json::Number::from_f64(n)
+                    .map(OrderedJson::Number)
+                    .ok_or_else(|| E::custom("non-finite number"))
             }
             fn visit_str<E>(self, s: &str) -> Result<OrderedJson, E> {
                 Ok(OrderedJson::String(s.to_string()))
@@ -413,14 +452,20 @@ impl<'de> Deserialize<'de> for OrderedJson {
             fn visit_string<E>(self, s: String) -> Result<OrderedJson, E> {
                 Ok(OrderedJson::String(s))
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<OrderedJson, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<OrderedJson, A::Error> {
                 let mut items = Vec::new();
                 while let Some(item) = seq.next_element()? {
                     items.push(item);
                 }
                 Ok(OrderedJson::Array(items))
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<OrderedJson, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<OrderedJson, A::Error> {
                 let mut entries: Vec<(String, OrderedJson)> = Vec::new();
                 while let Some((key, value)) = map.next_entry::<String, OrderedJson>()? {
                     // A repeated key keeps its first position and its last value, as a Python dict does.
@@ -470,7 +515,10 @@ pub fn coalesce(events: Vec<ParseEvent>) -> Vec<ParseEvent> {
         match (out.last_mut(), ev) {
             (Some(ParseEvent::Content(a)), ParseEvent::Content(b)) => a.push_str(&b),
             (Some(ParseEvent::Reasoning(a)), ParseEvent::Reasoning(b)) => a.push_str(&b),
-            (Some(ParseEvent::ToolCallArgs { index: i, delta: a }), ParseEvent::ToolCallArgs { index: j, delta: b }) if *i == j => a.push_str(&b),
+            (
+                Some(ParseEvent::ToolCallArgs { index: i, delta: a }),
+                ParseEvent::ToolCallArgs { index: j, delta: b },
+            ) if *i == j => a.push_str(&b),
             (_, ev) => out.push(ev),
         }
     }
@@ -513,11 +561,18 @@ mod tests {
         assert_eq!(scan_all(&[text]), want);
         for cut in 0..=text.len() {
             if text.is_char_boundary(cut) {
-                assert_eq!(scan_all(&[&text[..cut], &text[cut..]]), want, "cut at {cut}");
+                assert_eq!(
+                    scan_all(&[&text[..cut], &text[cut..]]),
+                    want,
+                    "cut at {cut}"
+                );
             }
         }
         let chars: Vec<String> = text.chars().map(String::from).collect();
-        assert_eq!(scan_all(&chars.iter().map(String::as_str).collect::<Vec<_>>()), want);
+        assert_eq!(
+            scan_all(&chars.iter().map(String::as_str).collect::<Vec<_>>()),
+            want
+        );
     }
 
     #[test]
@@ -531,19 +586,35 @@ mod tests {
 
     #[test]
     fn ordered_json_keeps_key_order_and_dumps_like_python() {
-        let v = OrderedJson::parse(r#"{"b": [1, 2.5, "x\n"], "a": {"z": null, "Y": true}, "é": -3}"#).unwrap();
+        let v =
+            OrderedJson::parse(r#"{"b": [1, 2.5, "x\n"], "a": {"z": null, "Y": true}, "é": -3}"#)
+                .unwrap();
         let mut compact = String::new();
         write_json(&mut compact, &v, JsonStyle::Compact, KeyOrder::Stored);
-        assert_eq!(compact, r#"{"b":[1,2.5,"x\n"],"a":{"z":null,"Y":true},"é":-3}"#);
+        assert_eq!(
+            compact,
+            r#"{"b":[1,2.5,"x\n"],"a":{"z":null,"Y":true},"é":-3}"#
+        );
         let mut python = String::new();
         write_json(&mut python, &v, JsonStyle::Python, KeyOrder::Stored);
-        assert_eq!(python, r#"{"b": [1, 2.5, "x\n"], "a": {"z": null, "Y": true}, "é": -3}"#);
+        assert_eq!(
+            python,
+            r#"{"b": [1, 2.5, "x\n"], "a": {"z": null, "Y": true}, "é": -3}"#
+        );
         let mut sorted = String::new();
         write_json(&mut sorted, &v, JsonStyle::Compact, KeyOrder::Sorted);
-        assert_eq!(sorted, r#"{"a":{"Y":true,"z":null},"b":[1,2.5,"x\n"],"é":-3}"#);
+        assert_eq!(
+            sorted,
+            r#"{"a":{"Y":true,"z":null},"b":[1,2.5,"x\n"],"é":-3}"#
+        );
         let mut dictsort = String::new();
         let w = OrderedJson::parse(r#"{"b": 1, "B": 2, "a": 3, "Z": 4}"#).unwrap();
-        write_json(&mut dictsort, &w, JsonStyle::Compact, KeyOrder::SortedIgnoreCase);
+        write_json(
+            &mut dictsort,
+            &w,
+            JsonStyle::Compact,
+            KeyOrder::SortedIgnoreCase,
+        );
         assert_eq!(dictsort, r#"{"a":3,"B":2,"b":1,"Z":4}"#);
         assert_eq!(v.xtml_type(), "object");
     }
@@ -554,17 +625,32 @@ mod tests {
             ParseEvent::Content("a".into()),
             ParseEvent::Content("b".into()),
             ParseEvent::Reasoning("c".into()),
-            ParseEvent::ToolCallArgs { index: 0, delta: "{".into() },
-            ParseEvent::ToolCallArgs { index: 0, delta: "}".into() },
-            ParseEvent::ToolCallArgs { index: 1, delta: "{".into() },
+            ParseEvent::ToolCallArgs {
+                index: 0,
+                delta: "{".into(),
+            },
+            ParseEvent::ToolCallArgs {
+                index: 0,
+                delta: "}".into(),
+            },
+            ParseEvent::ToolCallArgs {
+                index: 1,
+                delta: "{".into(),
+            },
         ];
         assert_eq!(
             coalesce(evs),
             vec![
                 ParseEvent::Content("ab".into()),
                 ParseEvent::Reasoning("c".into()),
-                ParseEvent::ToolCallArgs { index: 0, delta: "{}".into() },
-                ParseEvent::ToolCallArgs { index: 1, delta: "{".into() },
+                ParseEvent::ToolCallArgs {
+                    index: 0,
+                    delta: "{}".into()
+                },
+                ParseEvent::ToolCallArgs {
+                    index: 1,
+                    delta: "{".into()
+                },
             ]
         );
     }

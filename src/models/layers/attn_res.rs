@@ -46,13 +46,22 @@ impl AttnResWeights {
                 proj_weight.len()
             )));
         }
-        Ok(AttnResWeights { score: norm_weight.iter().zip(proj_weight).map(|(a, b)| a * b).collect() })
+        Ok(AttnResWeights {
+            score: norm_weight
+                .iter()
+                .zip(proj_weight)
+                .map(|(a, b)| a * b)
+                .collect(),
+        })
     }
 
     /// Loads `{norm}` `[width]` and `{proj}` `[1, width]` (e.g.
     /// `…self_attention_res_norm.weight`, `…self_attention_res_proj.weight`).
     pub fn load(ckpt: &Checkpoint, norm: &str, proj: &str, width: usize) -> Result<AttnResWeights> {
-        AttnResWeights::new(&ckpt.vector(norm, width)?, &ckpt.tensor_f32(proj, &[1, width])?)
+        AttnResWeights::new(
+            &ckpt.vector(norm, width)?,
+            &ckpt.tensor_f32(proj, &[1, width])?,
+        )
     }
 
     /// Candidate width.
@@ -90,7 +99,13 @@ pub struct BlockHistory {
 impl BlockHistory {
     /// An empty history for `rows` tokens of `width`.
     pub fn new(rows: usize, width: usize, eps: f32) -> BlockHistory {
-        BlockHistory { rows, width, eps, blocks: Vec::new(), inv_rms: Vec::new() }
+        BlockHistory {
+            rows,
+            width,
+            eps,
+            blocks: Vec::new(),
+            inv_rms: Vec::new(),
+        }
     }
 
     /// Number of snapshots.
@@ -113,32 +128,60 @@ impl BlockHistory {
     /// # Panics
     /// If the snapshot has the wrong size.
     pub fn push(&mut self, snapshot: Vec<f32>) {
-        assert_eq!(snapshot.len(), self.rows * self.width, "AttnRes snapshot has the wrong size");
-        let inv = if self.width == 0 { Vec::new() } else { snapshot.par_chunks(self.width).map(|r| inv_rms(r, self.eps)).collect() };
+        assert_eq!(
+            snapshot.len(),
+            self.rows * self.width,
+            "AttnRes snapshot has the wrong size"
+        );
+        let inv = if self.width == 0 {
+            Vec::new()
+        } else {
+            snapshot
+                .par_chunks(self.width)
+                .map(|r| inv_rms(r, self.eps))
+                .collect()
+        };
         self.blocks.push(snapshot);
         self.inv_rms.push(inv);
     }
 
     /// Softmax partials of `w`'s scores over the snapshots (see the module docs).
     pub fn partial(&self, w: &AttnResWeights) -> MixPartial {
-        assert_eq!(w.width(), self.width, "AttnRes weights and history widths differ");
+        assert_eq!(
+            w.width(),
+            self.width,
+            "AttnRes weights and history widths differ"
+        );
         let d = self.width;
         let mut max = vec![f32::NEG_INFINITY; self.rows];
         let mut sum = vec![0.0f32; self.rows];
         let mut acc = vec![0.0f32; self.rows * d];
-        max.par_iter_mut().zip(sum.par_iter_mut()).zip(acc.par_chunks_mut(d.max(1))).enumerate().for_each(|(r, ((m, s), a))| {
-            let scores: Vec<f32> =
-                self.blocks.iter().zip(&self.inv_rms).map(|(b, inv)| w.score_row(&b[r * d..(r + 1) * d], inv[r])).collect();
-            *m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            for (b, &sc) in self.blocks.iter().zip(&scores) {
-                let e = (sc - *m).exp();
-                *s += e;
-                for (x, &v) in a.iter_mut().zip(&b[r * d..(r + 1) * d]) {
-                    *x += e * v;
+        max.par_iter_mut()
+            .zip(sum.par_iter_mut())
+            .zip(acc.par_chunks_mut(d.max(1)))
+            .enumerate()
+            .for_each(|(r, ((m, s), a))| {
+                let scores: Vec<f32> = self
+                    .blocks
+                    .iter()
+                    .zip(&self.inv_rms)
+                    .map(|(b, inv)| w.score_row(&b[r * d..(r + 1) * d], inv[r]))
+                    .collect();
+                *m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                for (b, &sc) in self.blocks.iter().zip(&scores) {
+                    let e = (sc - *m).exp();
+                    *s += e;
+                    for (x, &v) in a.iter_mut().zip(&b[r * d..(r + 1) * d]) {
+                        *x += e * v;
+                    }
                 }
-            }
-        });
-        MixPartial { width: d, max, sum, acc }
+            });
+        MixPartial {
+            width: d,
+            max,
+            sum,
+            acc,
+        }
     }
 
     /// `Mix(blocks + [prefix])` for every row; `prefix` itself when there is
@@ -158,7 +201,12 @@ impl BlockHistory {
         let mut out = vec![0.0; self.rows * n];
         for r in 0..self.rows {
             let p = &prefix[r * d..(r + 1) * d];
-            let mut s: Vec<f32> = self.blocks.iter().zip(&self.inv_rms).map(|(b, inv)| w.score_row(&b[r * d..(r + 1) * d], inv[r])).collect();
+            let mut s: Vec<f32> = self
+                .blocks
+                .iter()
+                .zip(&self.inv_rms)
+                .map(|(b, inv)| w.score_row(&b[r * d..(r + 1) * d], inv[r]))
+                .collect();
             s.push(w.score_row(p, inv_rms(p, self.eps)));
             let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let z: f32 = s.iter().map(|x| (x - m).exp()).sum();
@@ -188,7 +236,11 @@ impl MixPartial {
     /// block partials and normalises: the finished mix.
     pub fn combine(&self, w: &AttnResWeights, prefix: &[f32], eps: f32) -> Vec<f32> {
         let d = self.width;
-        assert_eq!(prefix.len(), self.max.len() * d, "AttnRes prefix has the wrong size");
+        assert_eq!(
+            prefix.len(),
+            self.max.len() * d,
+            "AttnRes prefix has the wrong size"
+        );
         let mut out = vec![0.0; prefix.len()];
         out.par_chunks_mut(d.max(1)).enumerate().for_each(|(r, o)| {
             let p = &prefix[r * d..(r + 1) * d];
@@ -213,14 +265,23 @@ mod tests {
         let mut s = seed;
         (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
             })
             .collect()
     }
 
     /// Mix straight from the formula in f64: normalise, score, softmax, sum.
-    fn direct_f64(cands: &[&[f32]], norm_w: &[f32], proj_w: &[f32], eps: f64, rows: usize, d: usize) -> Vec<f64> {
+    fn direct_f64(
+        cands: &[&[f32]],
+        norm_w: &[f32],
+        proj_w: &[f32],
+        eps: f64,
+        rows: usize,
+        d: usize,
+    ) -> Vec<f64> {
         let mut out = vec![0.0; rows * d];
         for r in 0..rows {
             let scores: Vec<f64> = cands
@@ -229,7 +290,9 @@ mod tests {
                     let v = &c[r * d..(r + 1) * d];
                     let ms = v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / d as f64;
                     let inv = 1.0 / (ms + eps).sqrt();
-                    (0..d).map(|i| v[i] as f64 * inv * norm_w[i] as f64 * proj_w[i] as f64).sum::<f64>()
+                    (0..d)
+                        .map(|i| v[i] as f64 * inv * norm_w[i] as f64 * proj_w[i] as f64)
+                        .sum::<f64>()
                 })
                 .collect();
             let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -260,7 +323,9 @@ mod tests {
         let (nw, pw) = (values(d, 5, 1.0), values(d, 6, 2.0));
         let w = AttnResWeights::new(&nw, &pw).unwrap();
         let mut h = BlockHistory::new(rows, d, 1e-5);
-        let blocks: Vec<Vec<f32>> = (0..3).map(|i| values(rows * d, 10 + i, 1.0 + i as f32)).collect();
+        let blocks: Vec<Vec<f32>> = (0..3)
+            .map(|i| values(rows * d, 10 + i, 1.0 + i as f32))
+            .collect();
         for b in &blocks {
             h.push(b.clone());
         }
@@ -271,20 +336,31 @@ mod tests {
             assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
             // Scaling a candidate does not change its score (RMS-normalised):
             // recompute each score in f64 and compare the softmax.
-            let cands: Vec<&[f32]> = blocks.iter().map(|b| b.as_slice()).chain([prefix.as_slice()]).collect();
+            let cands: Vec<&[f32]> = blocks
+                .iter()
+                .map(|b| b.as_slice())
+                .chain([prefix.as_slice()])
+                .collect();
             let s: Vec<f64> = cands
                 .iter()
                 .map(|c| {
                     let v = &c[r * d..(r + 1) * d];
-                    let inv = 1.0 / (v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / d as f64 + 1e-5).sqrt();
-                    (0..d).map(|i| v[i] as f64 * inv * nw[i] as f64 * pw[i] as f64).sum()
+                    let inv = 1.0
+                        / (v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / d as f64 + 1e-5)
+                            .sqrt();
+                    (0..d)
+                        .map(|i| v[i] as f64 * inv * nw[i] as f64 * pw[i] as f64)
+                        .sum()
                 })
                 .collect();
             let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
             for (j, x) in s.iter().enumerate() {
                 // f32 scores of O(10): softmax weights within 1e-5 absolute.
-                assert!((row[j] as f64 - (x - m).exp() / z).abs() < 1e-5, "row {r} cand {j}");
+                assert!(
+                    (row[j] as f64 - (x - m).exp() / z).abs() < 1e-5,
+                    "row {r} cand {j}"
+                );
             }
         }
     }
@@ -296,23 +372,36 @@ mod tests {
         let w = AttnResWeights::new(&nw, &pw).unwrap();
         for nblocks in 1..=9 {
             let mut h = BlockHistory::new(rows, d, 1e-5);
-            let blocks: Vec<Vec<f32>> = (0..nblocks).map(|i| values(rows * d, 100 + i as u64, 0.3 + i as f32)).collect();
+            let blocks: Vec<Vec<f32>> = (0..nblocks)
+                .map(|i| values(rows * d, 100 + i as u64, 0.3 + i as f32))
+                .collect();
             for b in &blocks {
                 h.push(b.clone());
             }
             let prefix = values(rows * d, 200, 4.0);
             let got = h.mix(&w, &prefix);
-            let cands: Vec<&[f32]> = blocks.iter().map(|b| b.as_slice()).chain([prefix.as_slice()]).collect();
+            let cands: Vec<&[f32]> = blocks
+                .iter()
+                .map(|b| b.as_slice())
+                .chain([prefix.as_slice()])
+                .collect();
             let want = direct_f64(&cands, &nw, &pw, 1e-5, rows, d);
             // Values of O(10): f32 rounding in scores, exps and sums stays below 1e-5 relative.
             for (g, x) in got.iter().zip(&want) {
-                assert!((*g as f64 - x).abs() <= 1e-5 * x.abs().max(1.0), "{nblocks} blocks: {g} vs {x}");
+                assert!(
+                    (*g as f64 - x).abs() <= 1e-5 * x.abs().max(1.0),
+                    "{nblocks} blocks: {g} vs {x}"
+                );
             }
             // The partial is reusable: a different prefix against the same blocks.
             let prefix2 = values(rows * d, 300, 0.1);
             let part = h.partial(&w);
             let got2 = part.combine(&w, &prefix2, 1e-5);
-            let cands2: Vec<&[f32]> = blocks.iter().map(|b| b.as_slice()).chain([prefix2.as_slice()]).collect();
+            let cands2: Vec<&[f32]> = blocks
+                .iter()
+                .map(|b| b.as_slice())
+                .chain([prefix2.as_slice()])
+                .collect();
             let want2 = direct_f64(&cands2, &nw, &pw, 1e-5, rows, d);
             for (g, x) in got2.iter().zip(&want2) {
                 assert!((*g as f64 - x).abs() <= 1e-5 * x.abs().max(1.0));

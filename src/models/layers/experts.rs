@@ -39,7 +39,12 @@ pub fn load_expert_mlp(
     let down = format!("{moe_prefix}.experts.down_proj");
     let fused = |base: &str| ckpt.has(base) || ckpt.has(&format!("{base}_blocks"));
     if !(fused(&gate_up) && fused(&down)) {
-        return Err(Error::MissingTensor { name: format!("{per_expert}.{}.weight (nor fused {gate_up} / {down})", names[0]) });
+        return Err(Error::MissingTensor {
+            name: format!(
+                "{per_expert}.{}.weight (nor fused {gate_up} / {down})",
+                names[0]
+            ),
+        });
     }
     Ok(Mlp {
         gate_proj: ckpt.fused_expert_matrix(&gate_up, expert, 0, inter, hidden)?,
@@ -63,7 +68,9 @@ mod tests {
         let mut s = seed;
         (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
             })
             .collect()
@@ -77,27 +84,51 @@ mod tests {
     }
 
     fn write(dir: &std::path::Path, tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)]) {
-        let views: Vec<(String, TensorView)> =
-            tensors.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).expect("valid view"))).collect();
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .map(|(n, d, s, b)| {
+                (
+                    n.clone(),
+                    TensorView::new(*d, s.clone(), b).expect("valid view"),
+                )
+            })
+            .collect();
         safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).expect("write");
     }
 
     fn mx(m: &Matrix) -> (Vec<u8>, Vec<u8>) {
-        (m.data.bytes().to_vec(), m.scales.as_ref().expect("mxfp4").bytes().to_vec())
+        (
+            m.data.bytes().to_vec(),
+            m.scales.as_ref().expect("mxfp4").bytes().to_vec(),
+        )
     }
 
     #[test]
     fn fused_gpt_oss_layout_gives_the_same_mlp_as_per_expert_tensors() {
         let (e, inter, hidden) = (2usize, 32usize, 64usize);
-        let (mut per, mut gu_b, mut gu_s, mut d_b, mut d_s) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut per, mut gu_b, mut gu_s, mut d_b, mut d_s) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for j in 0..e {
-            let g = Matrix::quantize_mxfp4(inter, hidden, &values(inter * hidden, 1 + j as u64)).expect("quantize");
-            let u = Matrix::quantize_mxfp4(inter, hidden, &values(inter * hidden, 11 + j as u64)).expect("quantize");
-            let d = Matrix::quantize_mxfp4(hidden, inter, &values(hidden * inter, 21 + j as u64)).expect("quantize");
+            let g = Matrix::quantize_mxfp4(inter, hidden, &values(inter * hidden, 1 + j as u64))
+                .expect("quantize");
+            let u = Matrix::quantize_mxfp4(inter, hidden, &values(inter * hidden, 11 + j as u64))
+                .expect("quantize");
+            let d = Matrix::quantize_mxfp4(hidden, inter, &values(hidden * inter, 21 + j as u64))
+                .expect("quantize");
             for (name, m) in [("w1", &g), ("w3", &u), ("w2", &d)] {
                 let (b, s) = mx(m);
-                per.push((format!("moe.experts.{j}.{name}.weight_packed"), Dtype::U8, vec![m.rows, m.cols / 2], b));
-                per.push((format!("moe.experts.{j}.{name}.weight_scale"), Dtype::U8, vec![m.rows, m.cols / 32], s));
+                per.push((
+                    format!("moe.experts.{j}.{name}.weight_packed"),
+                    Dtype::U8,
+                    vec![m.rows, m.cols / 2],
+                    b,
+                ));
+                per.push((
+                    format!("moe.experts.{j}.{name}.weight_scale"),
+                    Dtype::U8,
+                    vec![m.rows, m.cols / 32],
+                    s,
+                ));
             }
             for m in [&g, &u] {
                 let (b, s) = mx(m);
@@ -109,24 +140,79 @@ mod tests {
             d_s.extend(s);
         }
         let fused = vec![
-            ("moe.experts.gate_up_proj_blocks".to_string(), Dtype::U8, vec![e, 2 * inter, hidden / 32, 16], gu_b),
-            ("moe.experts.gate_up_proj_scales".to_string(), Dtype::U8, vec![e, 2 * inter, hidden / 32], gu_s),
-            ("moe.experts.down_proj_blocks".to_string(), Dtype::U8, vec![e, hidden, inter / 32, 16], d_b),
-            ("moe.experts.down_proj_scales".to_string(), Dtype::U8, vec![e, hidden, inter / 32], d_s),
+            (
+                "moe.experts.gate_up_proj_blocks".to_string(),
+                Dtype::U8,
+                vec![e, 2 * inter, hidden / 32, 16],
+                gu_b,
+            ),
+            (
+                "moe.experts.gate_up_proj_scales".to_string(),
+                Dtype::U8,
+                vec![e, 2 * inter, hidden / 32],
+                gu_s,
+            ),
+            (
+                "moe.experts.down_proj_blocks".to_string(),
+                Dtype::U8,
+                vec![e, hidden, inter / 32, 16],
+                d_b,
+            ),
+            (
+                "moe.experts.down_proj_scales".to_string(),
+                Dtype::U8,
+                vec![e, hidden, inter / 32],
+                d_s,
+            ),
         ];
         let (dp, df) = (temp("per"), temp("fused"));
         write(&dp, &per);
         write(&df, &fused);
-        let (cp, cf) = (Checkpoint::open(&dp).expect("open"), Checkpoint::open(&df).expect("open"));
+        let (cp, cf) = (
+            Checkpoint::open(&dp).expect("open"),
+            Checkpoint::open(&df).expect("open"),
+        );
         let x = values(3 * hidden, 7);
         for j in 0..e {
-            let a = load_expert_mlp(&cp, "moe", j, ["w1", "w3", "w2"], hidden, inter, GluAct::Silu).expect("per-expert");
-            let b = load_expert_mlp(&cf, "moe", j, ["w1", "w3", "w2"], hidden, inter, GluAct::Silu).expect("fused");
+            let a = load_expert_mlp(
+                &cp,
+                "moe",
+                j,
+                ["w1", "w3", "w2"],
+                hidden,
+                inter,
+                GluAct::Silu,
+            )
+            .expect("per-expert");
+            let b = load_expert_mlp(
+                &cf,
+                "moe",
+                j,
+                ["w1", "w3", "w2"],
+                hidden,
+                inter,
+                GluAct::Silu,
+            )
+            .expect("fused");
             // Same bytes through the same kernels: bit-identical outputs.
             assert_eq!(a.forward(&x), b.forward(&x), "expert {j}");
         }
-        let err = load_expert_mlp(&cp, "other", 0, ["w1", "w3", "w2"], hidden, inter, GluAct::Silu).err().expect("missing").to_string();
-        assert!(err.contains("other.experts.0.w1.weight") && err.contains("other.experts.gate_up_proj"), "{err}");
+        let err = load_expert_mlp(
+            &cp,
+            "other",
+            0,
+            ["w1", "w3", "w2"],
+            hidden,
+            inter,
+            GluAct::Silu,
+        )
+        .err()
+        .expect("missing")
+        .to_string();
+        assert!(
+            err.contains("other.experts.0.w1.weight") && err.contains("other.experts.gate_up_proj"),
+            "{err}"
+        );
         let _ = std::fs::remove_dir_all(&dp);
         let _ = std::fs::remove_dir_all(&df);
     }

@@ -27,12 +27,22 @@ pub struct GqaAttention {
 
 impl GqaAttention {
     /// Loads `{prefix}.{q,k,v,o}_proj`.
-    pub fn load(ckpt: &Checkpoint, prefix: &str, hidden: usize, shape: AttnShape, kv_layer: usize) -> Result<GqaAttention> {
+    pub fn load(
+        ckpt: &Checkpoint,
+        prefix: &str,
+        hidden: usize,
+        shape: AttnShape,
+        kv_layer: usize,
+    ) -> Result<GqaAttention> {
         let (hq, hkv, d) = (shape.q_heads, shape.kv_heads, shape.head_dim);
         Ok(GqaAttention {
             q_proj: ckpt.matrix(&format!("{prefix}.q_proj.weight"), hq * d, hidden)?,
             k_proj: ckpt.matrix(&format!("{prefix}.k_proj.weight"), hkv * d, hidden)?,
-            v_proj: ckpt.matrix(&format!("{prefix}.v_proj.weight"), hkv * shape.v_dim, hidden)?,
+            v_proj: ckpt.matrix(
+                &format!("{prefix}.v_proj.weight"),
+                hkv * shape.v_dim,
+                hidden,
+            )?,
             o_proj: ckpt.matrix(&format!("{prefix}.o_proj.weight"), hidden, hq * shape.v_dim)?,
             shape,
             kv_layer,
@@ -40,7 +50,13 @@ impl GqaAttention {
     }
 
     /// Attention over `x` (normed hidden states of the whole batch).
-    pub fn forward(&self, x: &[f32], layout: &BatchLayout, rope: &Rope, cache: &mut KvPool) -> Vec<f32> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        layout: &BatchLayout,
+        rope: &Rope,
+        cache: &mut KvPool,
+    ) -> Vec<f32> {
         let s = &self.shape;
         let mut q = self.q_proj.forward(x);
         let mut k = self.k_proj.forward(x);
@@ -48,7 +64,12 @@ impl GqaAttention {
         rope.apply_rotate_half(&mut q, &layout.positions, s.q_heads, s.head_dim, 0);
         rope.apply_rotate_half(&mut k, &layout.positions, s.kv_heads, s.head_dim, 0);
         let scale = (s.head_dim as f32).powf(-0.5);
-        let (qw, kw, vw, ow) = (s.q_heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.v_dim, s.q_heads * s.v_dim);
+        let (qw, kw, vw, ow) = (
+            s.q_heads * s.head_dim,
+            s.kv_heads * s.head_dim,
+            s.kv_heads * s.v_dim,
+            s.q_heads * s.v_dim,
+        );
         let mut out = vec![0.0; layout.rows * ow];
         for sl in &layout.seqs {
             let r = sl.row..sl.row + sl.len;

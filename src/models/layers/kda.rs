@@ -14,7 +14,9 @@
 //! `A_log` differs between sources; [`ALogLayout`] says how it is read.
 
 use caracal_kernels::activation::{sigmoid, softplus};
-use caracal_kernels::kda::{kda_chunked, kda_gate, kda_gate_lower_bound, kda_recurrent, short_conv, KdaShape};
+use caracal_kernels::kda::{
+    kda_chunked, kda_gate, kda_gate_lower_bound, kda_recurrent, short_conv, KdaShape,
+};
 use caracal_kernels::norm::rms_norm_gated_sigmoid;
 use caracal_kernels::Matrix;
 use serde::Deserialize;
@@ -164,17 +166,33 @@ impl KdaAttention {
     }
 
     /// Loads `{prefix}.*` for any variant (Kimi Linear or K3).
-    pub fn load_with(ckpt: &Checkpoint, prefix: &str, o: &KdaOptions, linear_layer: usize) -> Result<KdaAttention> {
+    pub fn load_with(
+        ckpt: &Checkpoint,
+        prefix: &str,
+        o: &KdaOptions,
+        linear_layer: usize,
+    ) -> Result<KdaAttention> {
         let (hidden, heads, head_dim, kernel) = (o.hidden, o.heads, o.head_dim, o.kernel);
         let p = heads * head_dim;
         let m = |n: &str, r, c| ckpt.matrix(&format!("{prefix}.{n}.weight"), r, c);
         let conv = |n: &str| ckpt.tensor_f32(&format!("{prefix}.{n}.weight"), &[p, 1, kernel]);
         let gate = if o.full_rank_gate {
-            OutputGate::FullRank { g_proj: m("g_proj", p, hidden)? }
+            OutputGate::FullRank {
+                g_proj: m("g_proj", p, hidden)?,
+            }
         } else {
-            OutputGate::LowRank { g_a_proj: m("g_a_proj", head_dim, hidden)?, g_b_proj: m("g_b_proj", p, head_dim)? }
+            OutputGate::LowRank {
+                g_a_proj: m("g_a_proj", head_dim, hidden)?,
+                g_b_proj: m("g_b_proj", p, head_dim)?,
+            }
         };
-        let (a_log, a_log_per_channel) = load_a_log(ckpt, &format!("{prefix}.A_log"), heads, head_dim, o.a_log_layout)?;
+        let (a_log, a_log_per_channel) = load_a_log(
+            ckpt,
+            &format!("{prefix}.A_log"),
+            heads,
+            head_dim,
+            o.a_log_layout,
+        )?;
         Ok(KdaAttention {
             q_proj: m("q_proj", p, hidden)?,
             k_proj: m("k_proj", p, hidden)?,
@@ -191,7 +209,11 @@ impl KdaAttention {
             o_norm: ckpt.vector(&format!("{prefix}.o_norm.weight"), head_dim)?,
             o_norm_eps: o.eps,
             o_proj: m("o_proj", hidden, p)?,
-            shape: KdaShape { heads, k_dim: head_dim, v_dim: head_dim },
+            shape: KdaShape {
+                heads,
+                k_dim: head_dim,
+                v_dim: head_dim,
+            },
             kernel,
             linear_layer,
         })
@@ -202,7 +224,9 @@ impl KdaAttention {
         let (h, d) = (self.shape.heads, self.shape.k_dim);
         match (self.forget_gate, self.a_log_per_channel) {
             (ForgetGate::Softplus, false) => kda_gate(z, h, d, &self.a_log, &self.dt_bias),
-            (ForgetGate::LowerBound(lb), false) => kda_gate_lower_bound(z, h, d, &self.a_log, &self.dt_bias, lb),
+            (ForgetGate::LowerBound(lb), false) => {
+                kda_gate_lower_bound(z, h, d, &self.a_log, &self.dt_bias, lb)
+            }
             (gate, true) => gate_per_channel(z, h, d, &self.a_log, &self.dt_bias, gate),
         }
     }
@@ -221,7 +245,11 @@ impl KdaAttention {
         let (h, d) = (self.shape.heads, self.shape.k_dim);
         let p = h * d;
         let n = layout.rows;
-        let proj = [self.q_proj.forward(x), self.k_proj.forward(x), self.v_proj.forward(x)];
+        let proj = [
+            self.q_proj.forward(x),
+            self.k_proj.forward(x),
+            self.v_proj.forward(x),
+        ];
         let mut g = self.f_b_proj.forward(&self.f_a_proj.forward(x));
         self.apply_forget_gate(&mut g);
         let mut beta = self.b_proj.forward(x);
@@ -247,12 +275,36 @@ impl KdaAttention {
                 qkv[i] = out;
             }
             let scale = (d as f32).powf(-0.5);
-            let args = (&g[rows.start * p..rows.end * p], &beta[rows.start * h..rows.end * h]);
+            let args = (
+                &g[rows.start * p..rows.end * p],
+                &beta[rows.start * h..rows.end * h],
+            );
             let out = &mut core[rows.start * p..rows.end * p];
             if sl.len == 1 {
-                kda_recurrent(&qkv[0], &qkv[1], &qkv[2], args.0, args.1, &self.shape, scale, &mut st.recurrent, out);
+                kda_recurrent(
+                    &qkv[0],
+                    &qkv[1],
+                    &qkv[2],
+                    args.0,
+                    args.1,
+                    &self.shape,
+                    scale,
+                    &mut st.recurrent,
+                    out,
+                );
             } else {
-                kda_chunked(&qkv[0], &qkv[1], &qkv[2], args.0, args.1, &self.shape, scale, &mut st.recurrent, out, KDA_CHUNK);
+                kda_chunked(
+                    &qkv[0],
+                    &qkv[1],
+                    &qkv[2],
+                    args.0,
+                    args.1,
+                    &self.shape,
+                    scale,
+                    &mut st.recurrent,
+                    out,
+                    KDA_CHUNK,
+                );
             }
         }
         let gate = match &self.gate {
@@ -266,15 +318,31 @@ impl KdaAttention {
 
 /// Reads `A_log` (see [`ALogLayout`]); returns the values and whether they
 /// are per channel.
-fn load_a_log(ckpt: &Checkpoint, name: &str, heads: usize, head_dim: usize, layout: ALogLayout) -> Result<(Vec<f32>, bool)> {
+fn load_a_log(
+    ckpt: &Checkpoint,
+    name: &str,
+    heads: usize,
+    head_dim: usize,
+    layout: ALogLayout,
+) -> Result<(Vec<f32>, bool)> {
     let shape = ckpt.entry(name)?.shape.clone();
     let numel: usize = shape.iter().product();
     let values = ckpt.tensor_f32(name, &shape)?;
-    let bad = || Error::TensorShape { name: name.into(), expected: vec![heads], found: shape.clone() };
+    let bad = || Error::TensorShape {
+        name: name.into(),
+        expected: vec![heads],
+        found: shape.clone(),
+    };
     match layout {
         ALogLayout::PerChannel if numel == head_dim => Ok((values, true)),
-        ALogLayout::PerChannel => Err(Error::TensorShape { name: name.into(), expected: vec![head_dim], found: shape.clone() }),
-        ALogLayout::PerHead if numel >= heads && (numel == heads || numel == head_dim) => Ok((values[..heads].to_vec(), false)),
+        ALogLayout::PerChannel => Err(Error::TensorShape {
+            name: name.into(),
+            expected: vec![head_dim],
+            found: shape.clone(),
+        }),
+        ALogLayout::PerHead if numel >= heads && (numel == heads || numel == head_dim) => {
+            Ok((values[..heads].to_vec(), false))
+        }
         ALogLayout::Auto if numel == heads => Ok((values, false)),
         ALogLayout::Auto if numel == head_dim && numel > heads => {
             if values[heads..].iter().all(|&v| v == 0.0) {
@@ -290,9 +358,24 @@ fn load_a_log(ckpt: &Checkpoint, name: &str, heads: usize, head_dim: usize, layo
 
 /// Forget gate with one `A_log` value per key channel `d`, shared by all
 /// heads: `g[h,d] = −exp(A[d])·softplus(z + b)` or `lb·σ(exp(A[d])·(z + b))`.
-fn gate_per_channel(z: &mut [f32], heads: usize, head_dim: usize, a_log: &[f32], dt_bias: &[f32], gate: ForgetGate) {
-    assert_eq!(a_log.len(), head_dim, "per-channel A_log must have head_dim values");
-    assert_eq!(dt_bias.len(), heads * head_dim, "dt_bias must have heads·head_dim values");
+fn gate_per_channel(
+    z: &mut [f32],
+    heads: usize,
+    head_dim: usize,
+    a_log: &[f32],
+    dt_bias: &[f32],
+    gate: ForgetGate,
+) {
+    assert_eq!(
+        a_log.len(),
+        head_dim,
+        "per-channel A_log must have head_dim values"
+    );
+    assert_eq!(
+        dt_bias.len(),
+        heads * head_dim,
+        "dt_bias must have heads·head_dim values"
+    );
     let rate: Vec<f32> = a_log.iter().map(|a| a.exp()).collect();
     for row in z.chunks_mut(heads * head_dim) {
         for (i, v) in row.iter_mut().enumerate() {
@@ -317,8 +400,12 @@ mod tests {
     fn per_channel_gate_matches_the_formula_in_f64() {
         let (h, d) = (3, 8);
         let a_log: Vec<f32> = (0..d).map(|i| (i as f32 - 4.0) * 0.3).collect();
-        let dt: Vec<f32> = (0..h * d).map(|i| ((i * 7) % 11) as f32 * 0.2 - 1.0).collect();
-        let z0: Vec<f32> = (0..2 * h * d).map(|i| ((i * 13) % 17) as f32 * 0.5 - 4.0).collect();
+        let dt: Vec<f32> = (0..h * d)
+            .map(|i| ((i * 7) % 11) as f32 * 0.2 - 1.0)
+            .collect();
+        let z0: Vec<f32> = (0..2 * h * d)
+            .map(|i| ((i * 13) % 17) as f32 * 0.5 - 4.0)
+            .collect();
         for gate in [ForgetGate::LowerBound(-5.0), ForgetGate::Softplus] {
             let mut z = z0.clone();
             gate_per_channel(&mut z, h, d, &a_log, &dt, gate);
@@ -331,7 +418,10 @@ mod tests {
                     ForgetGate::Softplus => -a * x.exp().ln_1p(),
                 };
                 // f32 exp/sigmoid/softplus of O(10) arguments: 1e-5 relative.
-                assert!((g as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "{gate:?} {i}: {g} vs {want}");
+                assert!(
+                    (g as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "{gate:?} {i}: {g} vs {want}"
+                );
             }
         }
     }
@@ -343,7 +433,14 @@ mod tests {
         let dt: Vec<f32> = (0..h * d).map(|i| (i % 5) as f32 * 0.3 - 0.6).collect();
         let z0: Vec<f32> = (0..h * d).map(|i| (i % 9) as f32 * 0.7 - 3.0).collect();
         let mut a = z0.clone();
-        gate_per_channel(&mut a, h, d, &vec![0.4; d], &dt, ForgetGate::LowerBound(-5.0));
+        gate_per_channel(
+            &mut a,
+            h,
+            d,
+            &vec![0.4; d],
+            &dt,
+            ForgetGate::LowerBound(-5.0),
+        );
         let mut b = z0.clone();
         kda_gate_lower_bound(&mut b, h, d, &[0.4, 0.4], &dt, -5.0);
         for (x, y) in a.iter().zip(&b) {

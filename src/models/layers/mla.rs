@@ -86,18 +86,39 @@ impl MlaAttention {
         let qk = shape.nope_dim + shape.rope_dim;
         let r = shape.kv_lora_rank;
         let q = match opts.q_lora_rank {
-            None => QueryProj::Direct(ckpt.matrix(&format!("{prefix}.q_proj.weight"), h * qk, hidden)?),
+            None => QueryProj::Direct(ckpt.matrix(
+                &format!("{prefix}.q_proj.weight"),
+                h * qk,
+                hidden,
+            )?),
             Some(rank) => QueryProj::LowRank {
                 q_a_proj: ckpt.matrix(&format!("{prefix}.q_a_proj.weight"), rank, hidden)?,
-                q_a_layernorm: RmsNorm::load(ckpt, &format!("{prefix}.q_a_layernorm.weight"), rank, opts.latent_norm_eps)?,
+                q_a_layernorm: RmsNorm::load(
+                    ckpt,
+                    &format!("{prefix}.q_a_layernorm.weight"),
+                    rank,
+                    opts.latent_norm_eps,
+                )?,
                 q_b_proj: ckpt.matrix(&format!("{prefix}.q_b_proj.weight"), h * qk, rank)?,
             },
         };
-        let kv_b = ckpt.tensor_f32(&format!("{prefix}.kv_b_proj.weight"), &[h * (shape.nope_dim + shape.v_dim), r])?;
+        let kv_b = ckpt.tensor_f32(
+            &format!("{prefix}.kv_b_proj.weight"),
+            &[h * (shape.nope_dim + shape.v_dim), r],
+        )?;
         Ok(MlaAttention {
             q,
-            kv_a_proj_with_mqa: ckpt.matrix(&format!("{prefix}.kv_a_proj_with_mqa.weight"), r + shape.rope_dim, hidden)?,
-            kv_a_layernorm: RmsNorm::load(ckpt, &format!("{prefix}.kv_a_layernorm.weight"), r, opts.latent_norm_eps)?,
+            kv_a_proj_with_mqa: ckpt.matrix(
+                &format!("{prefix}.kv_a_proj_with_mqa.weight"),
+                r + shape.rope_dim,
+                hidden,
+            )?,
+            kv_a_layernorm: RmsNorm::load(
+                ckpt,
+                &format!("{prefix}.kv_a_layernorm.weight"),
+                r,
+                opts.latent_norm_eps,
+            )?,
             absorbed: MlaAbsorbed::from_kv_b(&kv_b, &shape)?,
             o_proj: ckpt.matrix(&format!("{prefix}.o_proj.weight"), hidden, h * shape.v_dim)?,
             g_proj: None,
@@ -111,16 +132,24 @@ impl MlaAttention {
     /// Attention over `x`; `rope` is `None` for NoPE models. Returns the
     /// per-head outputs `[rows, heads·v]` before `o_proj`, so that callers
     /// can gate them.
-    pub fn attend(&self, x: &[f32], layout: &BatchLayout, rope: Option<&Rope>, cache: &mut KvPool) -> Vec<f32> {
+    pub fn attend(
+        &self,
+        x: &[f32],
+        layout: &BatchLayout,
+        rope: Option<&Rope>,
+        cache: &mut KvPool,
+    ) -> Vec<f32> {
         let s = &self.shape;
         let (h, nope, dr, r) = (s.heads, s.nope_dim, s.rope_dim, s.kv_lora_rank);
         let qk = nope + dr;
         let n = layout.rows;
         let q = match &self.q {
             QueryProj::Direct(m) => m.forward(x),
-            QueryProj::LowRank { q_a_proj, q_a_layernorm, q_b_proj } => {
-                q_b_proj.forward(&q_a_layernorm.forward(&q_a_proj.forward(x)))
-            }
+            QueryProj::LowRank {
+                q_a_proj,
+                q_a_layernorm,
+                q_b_proj,
+            } => q_b_proj.forward(&q_a_layernorm.forward(&q_a_proj.forward(x))),
         };
         // Split queries into the no-position part and the rotary part.
         let mut q_nope = vec![0.0; n * h * nope];
@@ -180,13 +209,28 @@ impl MlaAttention {
 
     /// Adds K3's sigmoid output gate, loading `{prefix}.g_proj.weight`
     /// `[heads·v, hidden]`.
-    pub fn with_output_gate(mut self, ckpt: &Checkpoint, prefix: &str, hidden: usize) -> Result<MlaAttention> {
-        self.g_proj = Some(ckpt.matrix(&format!("{prefix}.g_proj.weight"), self.shape.heads * self.shape.v_dim, hidden)?);
+    pub fn with_output_gate(
+        mut self,
+        ckpt: &Checkpoint,
+        prefix: &str,
+        hidden: usize,
+    ) -> Result<MlaAttention> {
+        self.g_proj = Some(ckpt.matrix(
+            &format!("{prefix}.g_proj.weight"),
+            self.shape.heads * self.shape.v_dim,
+            hidden,
+        )?);
         Ok(self)
     }
 
     /// Attention, the output gate if any, then `o_proj`.
-    pub fn forward(&self, x: &[f32], layout: &BatchLayout, rope: Option<&Rope>, cache: &mut KvPool) -> Vec<f32> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        layout: &BatchLayout,
+        rope: Option<&Rope>,
+        cache: &mut KvPool,
+    ) -> Vec<f32> {
         let mut out = self.attend(x, layout, rope, cache);
         if let Some(g_proj) = &self.g_proj {
             let gate = g_proj.forward(x);

@@ -62,11 +62,17 @@ impl BatchLayout {
         let mut positions = Vec::new();
         for s in batch.iter_mut() {
             if s.tokens.is_empty() {
-                return Err(Error::InvalidRequest("a sequence in the batch has no new tokens".into()));
+                return Err(Error::InvalidRequest(
+                    "a sequence in the batch has no new tokens".into(),
+                ));
             }
             let end = s.state.len + s.tokens.len();
             if end > max_position {
-                return Err(Error::PromptTooLong { prompt: end, context: max_position, max_tokens: 0 });
+                return Err(Error::PromptTooLong {
+                    prompt: end,
+                    context: max_position,
+                    max_tokens: 0,
+                });
             }
             if needs_pages {
                 cache.ensure_capacity(&mut s.state.block_table, end)?;
@@ -81,7 +87,12 @@ impl BatchLayout {
             positions.extend(s.state.len..end);
             tokens.extend_from_slice(s.tokens);
         }
-        Ok(BatchLayout { rows: tokens.len(), seqs, tokens, positions })
+        Ok(BatchLayout {
+            rows: tokens.len(),
+            seqs,
+            tokens,
+            positions,
+        })
     }
 
     /// Rows whose logits were asked for, in batch order.
@@ -116,7 +127,10 @@ pub struct RmsNorm {
 impl RmsNorm {
     /// Loads `name` of width `dim`.
     pub fn load(ckpt: &Checkpoint, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
-        Ok(RmsNorm { weight: ckpt.vector(name, dim)?, eps })
+        Ok(RmsNorm {
+            weight: ckpt.vector(name, dim)?,
+            eps,
+        })
     }
 
     /// Normalises every row of `x`.
@@ -155,22 +169,35 @@ impl GluAct {
 
     /// Parses `hidden_act` together with `activation_situ_beta` and
     /// `activation_situ_linear_beta` (used only by `situ`).
-    pub fn from_config(name: &str, situ_beta: Option<f32>, situ_linear_beta: Option<f32>) -> Result<GluAct> {
+    pub fn from_config(
+        name: &str,
+        situ_beta: Option<f32>,
+        situ_linear_beta: Option<f32>,
+    ) -> Result<GluAct> {
         match name {
             "silu" | "swish" => Ok(GluAct::Silu),
             "situ" => {
                 let beta = situ_beta.unwrap_or(1.0);
                 if !(beta > 0.0 && beta.is_finite()) {
-                    return Err(Error::Config(format!("`activation_situ_beta` must be a positive number, got {beta}")));
+                    return Err(Error::Config(format!(
+                        "`activation_situ_beta` must be a positive number, got {beta}"
+                    )));
                 }
                 if let Some(lb) = situ_linear_beta {
                     if !(lb > 0.0 && lb.is_finite()) {
-                        return Err(Error::Config(format!("`activation_situ_linear_beta` must be a positive number, got {lb}")));
+                        return Err(Error::Config(format!(
+                            "`activation_situ_linear_beta` must be a positive number, got {lb}"
+                        )));
                     }
                 }
-                Ok(GluAct::Situ { beta, linear_beta: situ_linear_beta })
+                Ok(GluAct::Situ {
+                    beta,
+                    linear_beta: situ_linear_beta,
+                })
             }
-            other => Err(Error::Config(format!("unsupported hidden_act `{other}` (supported: silu, situ)"))),
+            other => Err(Error::Config(format!(
+                "unsupported hidden_act `{other}` (supported: silu, situ)"
+            ))),
         }
     }
 
@@ -178,8 +205,14 @@ impl GluAct {
     pub fn apply(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
         match self {
             GluAct::Silu => activation::swiglu(gate, up, out),
-            GluAct::Situ { beta, linear_beta: Some(lb) } => activation::situ_glu(gate, up, beta, lb, out),
-            GluAct::Situ { beta, linear_beta: None } => {
+            GluAct::Situ {
+                beta,
+                linear_beta: Some(lb),
+            } => activation::situ_glu(gate, up, beta, lb, out),
+            GluAct::Situ {
+                beta,
+                linear_beta: None,
+            } => {
                 assert_eq!(gate.len(), up.len(), "situ: gate and up lengths differ");
                 assert_eq!(gate.len(), out.len(), "situ: out length differs");
                 for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
@@ -237,7 +270,10 @@ pub fn embed(table: &Matrix, tokens: &[u32]) -> Result<Vec<f32>> {
     let mut x = vec![0.0; tokens.len() * d];
     for (i, &t) in tokens.iter().enumerate() {
         if t as usize >= table.rows {
-            return Err(Error::InvalidRequest(format!("token id {t} is outside the vocabulary (size {})", table.rows)));
+            return Err(Error::InvalidRequest(format!(
+                "token id {t} is outside the vocabulary (size {})",
+                table.rows
+            )));
         }
         table.row_f32(t as usize, &mut x[i * d..(i + 1) * d]);
     }
@@ -278,25 +314,56 @@ mod tests {
     fn situ_parses_its_betas_and_matches_the_formula_in_f64() {
         let gate: Vec<f32> = (0..41).map(|i| (i as f32 - 20.0) * 0.9).collect();
         let up: Vec<f32> = (0..41).map(|i| (20.0 - i as f32) * 2.3).collect();
-        for (lin, act) in [(Some(25.0), GluAct::from_config("situ", Some(4.0), Some(25.0)).unwrap()), (None, GluAct::from_config("situ", Some(4.0), None).unwrap())] {
-            assert_eq!(act, GluAct::Situ { beta: 4.0, linear_beta: lin });
+        for (lin, act) in [
+            (
+                Some(25.0),
+                GluAct::from_config("situ", Some(4.0), Some(25.0)).unwrap(),
+            ),
+            (None, GluAct::from_config("situ", Some(4.0), None).unwrap()),
+        ] {
+            assert_eq!(
+                act,
+                GluAct::Situ {
+                    beta: 4.0,
+                    linear_beta: lin
+                }
+            );
             let mut out = vec![0.0; gate.len()];
             act.apply(&gate, &up, &mut out);
             for i in 0..gate.len() {
-                let want = situ_f64(gate[i] as f64, up[i] as f64, 4.0, lin.map(|l: f32| l as f64));
+                let want = situ_f64(
+                    gate[i] as f64,
+                    up[i] as f64,
+                    4.0,
+                    lin.map(|l: f32| l as f64),
+                );
                 // f32 evaluation of tanh/sigmoid/products: a few ulps of |want| (≤ ~150).
-                assert!((out[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "i={i} got {} want {want}", out[i]);
+                assert!(
+                    (out[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "i={i} got {} want {want}",
+                    out[i]
+                );
             }
         }
     }
 
     #[test]
     fn situ_defaults_and_bad_betas() {
-        assert_eq!(GluAct::from_name("situ").unwrap(), GluAct::Situ { beta: 1.0, linear_beta: None });
+        assert_eq!(
+            GluAct::from_name("situ").unwrap(),
+            GluAct::Situ {
+                beta: 1.0,
+                linear_beta: None
+            }
+        );
         assert_eq!(GluAct::from_name("silu").unwrap(), GluAct::Silu);
-        let err = GluAct::from_config("situ", Some(0.0), None).unwrap_err().to_string();
+        let err = GluAct::from_config("situ", Some(0.0), None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("activation_situ_beta"), "{err}");
-        let err = GluAct::from_config("situ", Some(4.0), Some(-1.0)).unwrap_err().to_string();
+        let err = GluAct::from_config("situ", Some(4.0), Some(-1.0))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("activation_situ_linear_beta"), "{err}");
         let err = GluAct::from_name("gelu").unwrap_err().to_string();
         assert!(err.contains("gelu") && err.contains("situ"), "{err}");

@@ -72,7 +72,10 @@ impl MoeBlock {
         MoeBlock {
             gate,
             bias,
-            experts: experts.into_iter().map(|m| Arc::new(m) as Arc<dyn ExpertFfn>).collect(),
+            experts: experts
+                .into_iter()
+                .map(|m| Arc::new(m) as Arc<dyn ExpertFfn>)
+                .collect(),
             shared,
             router,
             moe_layer,
@@ -87,23 +90,41 @@ impl MoeBlock {
         self
     }
 
+    /// Routes this block's expert compute through `dispatch` from now on.
+    pub fn set_dispatch(&self, dispatch: Arc<dyn ExpertDispatch>) {
+        *self
+            .dispatch
+            .write()
+            .expect("dispatch lock is never poisoned: writers do not panic") = Some(dispatch);
+    }
+
     /// Per-token `(expert, weight)` choices for `x` `[n, hidden]`.
     pub fn route(&self, x: &[f32]) -> Vec<Vec<(usize, f32)>> {
         let e = self.gate.rows;
         let logits = self.gate.forward(x);
-        logits.chunks(e).map(|l| route(l, self.bias.as_deref(), &self.router)).collect()
+        logits
+            .chunks(e)
+            .map(|l| route(l, self.bias.as_deref(), &self.router))
+            .collect()
     }
 
     /// `Σ_k w_k · E_k(x) + shared(x)` for every row of `x` (with a latent
     /// space: `up(norm(Σ_k w_k · E_k(down(x)))) + shared(x)`).
     pub fn forward(&self, x: &[f32]) -> Vec<f32> {
         let choices = self.route(x);
-        let latent_x = self.latent.as_ref().map(|l| l.routed_expert_down_proj.forward(x));
+        let latent_x = self
+            .latent
+            .as_ref()
+            .map(|l| l.routed_expert_down_proj.forward(x));
         let (rx, width) = match (&latent_x, &self.latent) {
             (Some(z), Some(l)) => (z.as_slice(), l.routed_expert_down_proj.rows),
             _ => (x, self.gate.cols),
         };
-        let dispatch = self.dispatch.read().expect("dispatch lock is never poisoned: writers do not panic").clone();
+        let dispatch = self
+            .dispatch
+            .read()
+            .expect("dispatch lock is never poisoned: writers do not panic")
+            .clone();
         let mut out = match dispatch {
             Some(d_) => d_.run(self.moe_layer, rx, width, &choices),
             None => run_experts_local(&self.experts, rx, width, &choices),
@@ -132,7 +153,9 @@ mod tests {
         let mut s = seed;
         (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
             })
             .collect()
@@ -149,7 +172,9 @@ mod tests {
 
     /// `[r, c] · x` in f64.
     fn lin(w: &[f32], r: usize, c: usize, x: &[f64]) -> Vec<f64> {
-        (0..r).map(|i| (0..c).map(|j| w[i * c + j] as f64 * x[j]).sum()).collect()
+        (0..r)
+            .map(|i| (0..c).map(|j| w[i * c + j] as f64 * x[j]).sum())
+            .collect()
     }
 
     fn mlp_f64(m: &Mlp, x: &[f64]) -> Vec<f64> {
@@ -167,7 +192,10 @@ mod tests {
     #[test]
     fn latent_moe_matches_a_direct_f64_evaluation_and_the_dispatch_path() {
         let (d, latent, inter, e, k) = (48, 32, 16, 6, 2);
-        let act = GluAct::Situ { beta: 4.0, linear_beta: Some(25.0) };
+        let act = GluAct::Situ {
+            beta: 4.0,
+            linear_beta: Some(25.0),
+        };
         let router = RouterConfig {
             scoring: Scoring::Sigmoid,
             top_k: k,
@@ -177,17 +205,32 @@ mod tests {
             routed_scaling_factor: 1.5,
             bias_in_weights: false,
         };
-        let experts: Vec<Mlp> = (0..e).map(|j| mlp(latent, inter, 100 + 10 * j as u64, act)).collect();
-        let experts_ref: Vec<Mlp> = (0..e).map(|j| mlp(latent, inter, 100 + 10 * j as u64, act)).collect();
+        let experts: Vec<Mlp> = (0..e)
+            .map(|j| mlp(latent, inter, 100 + 10 * j as u64, act))
+            .collect();
+        let experts_ref: Vec<Mlp> = (0..e)
+            .map(|j| mlp(latent, inter, 100 + 10 * j as u64, act))
+            .collect();
         let shared = mlp(d, 2 * inter, 7, act);
         let shared_ref = mlp(d, 2 * inter, 7, act);
         let gate = Matrix::from_f32(e, d, &values(e * d, 3, 1.0));
         let down = values(latent * d, 4, 0.4);
         let up = values(d * latent, 5, 0.4);
         let norm_w = values(latent, 6, 1.0);
-        let block = MoeBlock::new(gate, Some(values(e, 8, 0.2)), experts, Some(shared), router, 0).with_latent(LatentProj {
+        let block = MoeBlock::new(
+            gate,
+            Some(values(e, 8, 0.2)),
+            experts,
+            Some(shared),
+            router,
+            0,
+        )
+        .with_latent(LatentProj {
             routed_expert_down_proj: Matrix::from_f32(latent, d, &down),
-            routed_expert_norm: Some(RmsNorm { weight: norm_w.clone(), eps: 1e-5 }),
+            routed_expert_norm: Some(RmsNorm {
+                weight: norm_w.clone(),
+                eps: 1e-5,
+            }),
             routed_expert_up_proj: Matrix::from_f32(d, latent, &up),
         });
         let rows = 5;
@@ -204,9 +247,16 @@ mod tests {
                 }
             }
             let inv = 1.0 / (acc.iter().map(|v| v * v).sum::<f64>() / latent as f64 + 1e-5).sqrt();
-            let normed: Vec<f64> = acc.iter().zip(&norm_w).map(|(v, w)| v * inv * *w as f64).collect();
-            let want: Vec<f64> =
-                lin(&up, d, latent, &normed).iter().zip(mlp_f64(&shared_ref, &xr)).map(|(a, b)| a + b).collect();
+            let normed: Vec<f64> = acc
+                .iter()
+                .zip(&norm_w)
+                .map(|(v, w)| v * inv * *w as f64)
+                .collect();
+            let want: Vec<f64> = lin(&up, d, latent, &normed)
+                .iter()
+                .zip(mlp_f64(&shared_ref, &xr))
+                .map(|(a, b)| a + b)
+                .collect();
             for (g, w) in got[r * d..(r + 1) * d].iter().zip(&want) {
                 // f32 matmuls of width ≤ 48 on O(1) values: 1e-4 absolute.
                 assert!((*g as f64 - w).abs() < 1e-4, "row {r}: {g} vs {w}");
@@ -216,7 +266,13 @@ mod tests {
         // A dispatcher receives the latent rows and width; same result.
         struct Local(Vec<Arc<dyn ExpertFfn>>, usize);
         impl ExpertDispatch for Local {
-            fn run(&self, _layer: usize, x: &[f32], hidden: usize, choices: &[Vec<(usize, f32)>]) -> Vec<f32> {
+            fn run(
+                &self,
+                _layer: usize,
+                x: &[f32],
+                hidden: usize,
+                choices: &[Vec<(usize, f32)>],
+            ) -> Vec<f32> {
                 assert_eq!(hidden, self.1, "dispatch sees the latent width");
                 run_experts_local(&self.0, x, hidden, choices)
             }
