@@ -34,6 +34,8 @@ pub enum StoredDType {
     F16,
     /// u8 (packed MXFP4 blocks, E8M0 scales).
     U8,
+    /// i8 (Q8_0 / int-quantized weights).
+    I8,
     /// i32 (packed int formats, shapes).
     I32,
     /// Anything else (named).
@@ -51,7 +53,7 @@ impl StoredDType {
             D::I32 => StoredDType::I32,
             D::F64 => StoredDType::Other("f64"),
             D::I64 => StoredDType::Other("i64"),
-            D::I8 => StoredDType::Other("i8"),
+            D::I8 => StoredDType::I8,
             D::I16 => StoredDType::Other("i16"),
             D::BOOL => StoredDType::Other("bool"),
             _ => StoredDType::Other("unsupported"),
@@ -63,7 +65,7 @@ impl StoredDType {
         match self {
             StoredDType::F32 | StoredDType::I32 => 4,
             StoredDType::BF16 | StoredDType::F16 => 2,
-            StoredDType::U8 => 1,
+            StoredDType::U8 | StoredDType::I8 => 1,
             StoredDType::Other(_) => 0,
         }
     }
@@ -75,6 +77,7 @@ impl StoredDType {
             StoredDType::BF16 => "bf16",
             StoredDType::F16 => "f16",
             StoredDType::U8 => "u8",
+            StoredDType::I8 => "i8",
             StoredDType::I32 => "i32",
             StoredDType::Other(s) => s,
         }
@@ -260,7 +263,9 @@ impl Checkpoint {
     /// in `.weight`, is absent, and the compressed-tensors MXFP4 pair
     /// `{base}.weight_packed` (u8 `[rows, cols/2]`) + `{base}.weight_scale`
     /// (u8 `[rows, cols/32]`, E8M0) exists instead, an MXFP4 matrix borrowing
-    /// the mapped bytes is returned (see [`Checkpoint::mxfp4_pair`]).
+    /// the mapped bytes is returned (see [`Checkpoint::mxfp4_pair`]). An i8
+    /// `{base}.weight` with an f32 `{base}.weight_scale` `[rows, cols/32]` is
+    /// Q8_0 (compressed-tensors int-quantized, symmetric, group size 32).
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         if !self.has(name) {
             if let Some((packed, scale)) = self.mxfp4_pair(name) {
@@ -272,10 +277,11 @@ impl Checkpoint {
             StoredDType::F32 => DType::F32,
             StoredDType::BF16 => DType::BF16,
             StoredDType::F16 => DType::F16,
+            StoredDType::I8 => return self.q8_0_matrix(name, rows, cols),
             other => {
                 return Err(Error::TensorDType {
                     name: name.into(),
-                    expected: "f32, bf16, f16".into(),
+                    expected: "f32, bf16, f16, i8 (Q8_0)".into(),
                     found: other.name().into(),
                 })
             }
@@ -333,6 +339,35 @@ impl Checkpoint {
             cols,
             self.storage(packed)?,
             self.storage(scale)?,
+        )?)
+    }
+
+    /// A Q8_0 matrix: i8 `name` `[rows, cols]` and f32 `{base}.weight_scale`
+    /// `[rows, cols/32]`.
+    fn q8_0_matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let base = name.strip_suffix(".weight").unwrap_or(name);
+        let scale = format!("{base}.weight_scale");
+        let block = caracal_kernels::q8::BLOCK;
+        if !cols.is_multiple_of(block) || !self.has(&scale) {
+            return Err(Error::TensorDType {
+                name: name.into(),
+                expected: format!("i8 with an f32 {scale} [{rows}, {}]", cols / block),
+                found: "i8 without group scales".into(),
+            });
+        }
+        let e = self.check_shape(&scale, &[rows, cols / block])?;
+        if e.dtype != StoredDType::F32 {
+            return Err(Error::TensorDType {
+                name: scale,
+                expected: "f32".into(),
+                found: e.dtype.name().into(),
+            });
+        }
+        Ok(Matrix::q8_0(
+            rows,
+            cols,
+            self.storage(name)?,
+            self.storage(&scale)?,
         )?)
     }
 
@@ -520,10 +555,21 @@ impl Checkpoint {
                 match mxfp4_role(name, e.dtype) {
                     Some(Mxfp4Role::Packed) => 2 * numel,
                     Some(Mxfp4Role::Scales) => 0,
+                    // Q8_0 group scales of an i8 weight are not parameters either.
+                    None if self.is_q8_0_scale(name) => 0,
                     None => numel,
                 }
             })
             .sum()
+    }
+
+    /// Whether `name` is the f32 `{base}.weight_scale` of an i8 `{base}.weight` (Q8_0).
+    fn is_q8_0_scale(&self, name: &str) -> bool {
+        name.strip_suffix(".weight_scale").is_some_and(|base| {
+            self.tensors
+                .get(&format!("{base}.weight"))
+                .is_some_and(|w| w.dtype == StoredDType::I8)
+        })
     }
 
     /// Total bytes of all tensors.

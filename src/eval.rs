@@ -32,6 +32,7 @@
 use std::time::{Duration, Instant};
 
 use caracal_kernels::paged::KvPool;
+use caracal_kernels::threads::on_pool;
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -236,14 +237,16 @@ fn window_logits(
         (&window[first..], LogitsMode::All),
     ] {
         for piece in part.chunks(PREFILL_CHUNK) {
-            let logits = model.forward(
-                &mut cache,
-                &mut [SeqBatch {
-                    tokens: piece,
-                    state: &mut state,
-                    logits: mode,
-                }],
-            )?;
+            let logits = on_pool(|| {
+                model.forward(
+                    &mut cache,
+                    &mut [SeqBatch {
+                        tokens: piece,
+                        state: &mut state,
+                        logits: mode,
+                    }],
+                )
+            })?;
             out.extend_from_slice(&logits);
         }
     }

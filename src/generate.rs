@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use caracal_kernels::paged::KvPool;
+use caracal_kernels::threads::on_pool;
 use caracal_kernels::sampling::{apply_penalties, sample, Rng, SamplingParams};
 use serde::Serialize;
 
@@ -136,14 +137,16 @@ pub fn generate(
         } else {
             LogitsMode::None
         };
-        logits = model.forward(
-            &mut cache,
-            &mut [SeqBatch {
-                tokens: chunk,
-                state: &mut state,
-                logits: mode,
-            }],
-        )?;
+        logits = on_pool(|| {
+            model.forward(
+                &mut cache,
+                &mut [SeqBatch {
+                    tokens: chunk,
+                    state: &mut state,
+                    logits: mode,
+                }],
+            )
+        })?;
     }
     let mut out = Vec::new();
     let mut finish = FinishReason::Length;
@@ -164,14 +167,16 @@ pub fn generate(
         if out.len() == max_tokens {
             break;
         }
-        logits = model.forward(
-            &mut cache,
-            &mut [SeqBatch {
-                tokens: &[next],
-                state: &mut state,
-                logits: LogitsMode::Last,
-            }],
-        )?;
+        logits = on_pool(|| {
+            model.forward(
+                &mut cache,
+                &mut [SeqBatch {
+                    tokens: &[next],
+                    state: &mut state,
+                    logits: LogitsMode::Last,
+                }],
+            )
+        })?;
     }
     let decode_seconds = t1.elapsed().as_secs_f64();
     let decoded = out.len().saturating_sub(1);
@@ -203,14 +208,16 @@ pub fn prompt_logits(model: &dyn CausalLm, ids: &[u32]) -> Result<Vec<f32>> {
     let mut state = model.new_state();
     let mut all = Vec::with_capacity(ids.len() * info.vocab_size);
     for chunk in ids.chunks(PREFILL_CHUNK) {
-        all.extend(model.forward(
-            &mut cache,
-            &mut [SeqBatch {
-                tokens: chunk,
-                state: &mut state,
-                logits: LogitsMode::All,
-            }],
-        )?);
+        all.extend(on_pool(|| {
+            model.forward(
+                &mut cache,
+                &mut [SeqBatch {
+                    tokens: chunk,
+                    state: &mut state,
+                    logits: LogitsMode::All,
+                }],
+            )
+        })?);
     }
     Ok(all)
 }

@@ -8,8 +8,12 @@
 //! stay tied), norms (any name with `norm`), routers (`*.gate.weight`),
 //! biases, 1-D/3-D/4-D tensors (convolutions, `A_log`, …). With
 //! `experts_only` only routed experts (`*.experts.*`) are quantized, the way
-//! Kimi K3 ships; with `embeddings` the token embedding and `lm_head` are
-//! quantized too (a tied table then stays tied, in MXFP4).
+//! Kimi K3 ships. The token embedding and `lm_head` follow
+//! [`QuantizeOptions::embeddings`]: Q8_0 by default (int8 per 32 values with
+//! an f32 scale, llama.cpp's choice for the token table of its 4-bit files),
+//! MXFP4, or kept as stored; a tied table stays tied. Q8_0 is written as
+//! compressed-tensors int-quantized: `{base}.weight` i8 `[rows, cols]` and
+//! `{base}.weight_scale` f32 `[rows, cols/32]` (a second config group).
 //!
 //! Output layout (compressed-tensors `mxfp4-pack-quantized`, which is what
 //! Kimi K3's expert tensors use): `{base}.weight` becomes
@@ -76,15 +80,36 @@ pub enum ScaleRule {
     MinMse,
 }
 
+/// How [`quantize_checkpoint`] stores the token table (embedding, `lm_head`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TableFormat {
+    /// As stored in the source.
+    Keep,
+    /// Q8_0 (the default).
+    #[default]
+    Q8_0,
+    /// MXFP4, like the linear weights.
+    Mxfp4,
+}
+
+/// What happens to one tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Keep,
+    Mxfp4,
+    Q8_0,
+}
+
 /// Settings of [`quantize_checkpoint`].
 #[derive(Debug, Clone)]
 pub struct QuantizeOptions {
     /// Quantize only routed expert weights (`*.experts.*`).
     pub experts_only: bool,
-    /// Also quantize the token embedding and `lm_head` (tied or not); off by
-    /// default. With tied embeddings the table is the largest weight a small
-    /// model streams per token, so this trades quality for decode speed.
-    pub embeddings: bool,
+    /// Format of the token embedding and `lm_head` (tied or not) when the
+    /// whole model is quantized (ignored with `experts_only`). With tied
+    /// embeddings the table is the largest weight a small model streams per
+    /// token: Q8_0 halves it at almost no quality cost, MXFP4 quarters it.
+    pub embeddings: TableFormat,
     /// Draw a progress bar on stderr.
     pub progress: bool,
     /// Block-scale rule (default [`ScaleRule::MinMse`]).
@@ -98,7 +123,7 @@ impl Default for QuantizeOptions {
     fn default() -> Self {
         QuantizeOptions {
             experts_only: false,
-            embeddings: false,
+            embeddings: TableFormat::Q8_0,
             progress: false,
             scale_rule: ScaleRule::MinMse,
             max_shard_bytes: 4 << 30,
@@ -117,8 +142,10 @@ pub struct QuantizeReport {
     pub quantized: usize,
     /// Tensors copied as stored.
     pub kept: usize,
-    /// Parameters now in MXFP4.
+    /// Parameters now in MXFP4 or Q8_0.
     pub params_quantized: u64,
+    /// Token tables (embedding, `lm_head`) written as Q8_0.
+    pub q8_0_tables: Vec<String>,
     /// Parameters left as stored.
     pub params_kept: u64,
     /// Tensor bytes read from the source.
@@ -142,8 +169,16 @@ impl std::fmt::Display for QuantizeReport {
         let mb = |b: u64| b as f64 / 1e6;
         writeln!(
             f,
-            "quantized {} weights ({} params) to MXFP4; kept {} tensors ({} params)",
-            self.quantized, self.params_quantized, self.kept, self.params_kept
+            "quantized {} weights to MXFP4{} ({} params); kept {} tensors ({} params)",
+            self.quantized,
+            if self.q8_0_tables.is_empty() {
+                String::new()
+            } else {
+                format!(" and {} to Q8_0", self.q8_0_tables.join(", "))
+            },
+            self.params_quantized,
+            self.kept,
+            self.params_kept
         )?;
         writeln!(
             f,
@@ -329,14 +364,15 @@ struct Planned<'a> {
     data: OutData<'a>,
 }
 
-/// The `quantization_config` written into `config.json`.
-pub fn quantization_config(experts_only: bool, ignore: &[String]) -> Value {
+/// The `quantization_config` written into `config.json`; `q8_tables` lists
+/// the token tables stored as Q8_0 (a second, int-quantized group).
+pub fn quantization_config(experts_only: bool, ignore: &[String], q8_tables: &[String]) -> Value {
     let targets = if experts_only {
         json!(["re:.*\\.experts\\..*"])
     } else {
         json!(["Linear"])
     };
-    json!({
+    let mut cfg = json!({
         "quant_method": "compressed-tensors",
         "format": "mxfp4-pack-quantized",
         "quantization_status": "compressed",
@@ -359,7 +395,26 @@ pub fn quantization_config(experts_only: bool, ignore: &[String]) -> Value {
         },
         "ignore": ignore,
         "kv_cache_scheme": null
-    })
+    });
+    if !q8_tables.is_empty() {
+        cfg["format"] = json!("mixed-precision");
+        cfg["config_groups"]["group_1"] = json!({
+            "targets": q8_tables,
+            "format": "int-quantized",
+            "weights": {
+                "num_bits": 8,
+                "type": "int",
+                "strategy": "group",
+                "group_size": 32,
+                "symmetric": true,
+                "dynamic": false,
+                "scale_dtype": "float32"
+            },
+            "input_activations": null,
+            "output_activations": null
+        });
+    }
+    cfg
 }
 
 /// Reads `in_dir`, writes the MXFP4 checkpoint to `out_dir` (created; files
@@ -392,24 +447,44 @@ pub fn quantize_checkpoint(
 
     // Plan: which tensors become MXFP4, in name order, and their output sizes.
     let names = ckpt.names();
-    let mut ignored = if opts.embeddings && !opts.experts_only {
+    let table = if opts.experts_only {
+        TableFormat::Keep
+    } else {
+        opts.embeddings
+    };
+    let mut ignored = if table == TableFormat::Mxfp4 {
         Vec::new()
     } else {
         vec!["lm_head".to_string()]
     };
-    let mut todo: Vec<(&str, bool, u64)> = Vec::with_capacity(names.len());
+    let mut q8_tables = Vec::new();
+    let mut todo: Vec<(&str, Action, u64)> = Vec::with_capacity(names.len());
     let (mut quantized, mut kept, mut pq, mut pk, mut bytes_in) =
         (0usize, 0usize, 0u64, 0u64, 0u64);
     for &name in &names {
         let e = ckpt.entry(name)?;
         bytes_in += e.len as u64;
         let numel = e.shape.iter().product::<usize>() as u64;
-        let q = should_quantize(name, &e.shape, e.dtype, opts.experts_only)
-            || (opts.embeddings && !opts.experts_only && is_token_table(name, &e.shape, e.dtype));
-        if q {
+        let is_table = is_token_table(name, &e.shape, e.dtype);
+        let action = if should_quantize(name, &e.shape, e.dtype, opts.experts_only)
+            || (is_table && table == TableFormat::Mxfp4)
+        {
+            Action::Mxfp4
+        } else if is_table && table == TableFormat::Q8_0 {
+            Action::Q8_0
+        } else {
+            Action::Keep
+        };
+        if action == Action::Mxfp4 {
             quantized += 1;
             pq += numel;
-            todo.push((name, true, numel / 2 + numel / BLOCK_ELEMS as u64));
+            todo.push((name, action, numel / 2 + numel / BLOCK_ELEMS as u64));
+        } else if action == Action::Q8_0 {
+            pq += numel;
+            if let Some(base) = name.strip_suffix(".weight") {
+                q8_tables.push(base.to_string());
+            }
+            todo.push((name, action, numel + numel / BLOCK_ELEMS as u64 * 4));
         } else {
             kept += 1;
             pk += numel;
@@ -418,12 +493,12 @@ pub fn quantize_checkpoint(
                     ignored.push(base.to_string());
                 }
             }
-            todo.push((name, false, e.len as u64));
+            todo.push((name, action, e.len as u64));
         }
     }
     ignored.sort();
     ignored.dedup();
-    let mut shards: Vec<Vec<(&str, bool)>> = vec![Vec::new()];
+    let mut shards: Vec<Vec<(&str, Action)>> = vec![Vec::new()];
     let mut cur = 0u64;
     for &(name, q, size) in &todo {
         if cur > 0 && cur + size > opts.max_shard_bytes {
@@ -466,7 +541,36 @@ pub fn quantize_checkpoint(
         let mut planned = Vec::with_capacity(shard.len() * 2);
         for &(name, q) in shard {
             let e = ckpt.entry(name)?.clone();
-            if q {
+            if q == Action::Q8_0 {
+                let (rows, cols) = (e.shape[0], e.shape[1]);
+                let w = ckpt.tensor_f32(name, &e.shape)?;
+                sq_norm += w.par_iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>();
+                let (qv, d) = caracal_kernels::q8::quantize(&w, rows, cols)?;
+                sq_err += w
+                    .par_chunks(caracal_kernels::q8::BLOCK)
+                    .zip(qv.par_chunks(caracal_kernels::q8::BLOCK))
+                    .zip(d.par_iter())
+                    .map(|((wb, qb), &s)| {
+                        wb.iter()
+                            .zip(qb)
+                            .map(|(&a, &c)| (a as f64 - c as f64 * s as f64).powi(2))
+                            .sum::<f64>()
+                    })
+                    .sum::<f64>();
+                let base = name.strip_suffix(".weight").unwrap_or(name);
+                planned.push(Planned {
+                    name: name.to_string(),
+                    dtype: Dtype::I8,
+                    shape: vec![rows, cols],
+                    data: OutData::Owned(qv.iter().map(|&v| v as u8).collect()),
+                });
+                planned.push(Planned {
+                    name: format!("{base}.weight_scale"),
+                    dtype: Dtype::F32,
+                    shape: vec![rows, cols / BLOCK_ELEMS],
+                    data: OutData::Owned(d.iter().flat_map(|v| v.to_le_bytes()).collect()),
+                });
+            } else if q == Action::Mxfp4 {
                 let (rows, cols) = (e.shape[0], e.shape[1]);
                 let w = ckpt.tensor_f32(name, &e.shape)?;
                 sq_norm += w.par_iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>();
@@ -542,7 +646,7 @@ pub fn quantize_checkpoint(
     if let Some(obj) = config.as_object_mut() {
         obj.insert(
             "quantization_config".into(),
-            quantization_config(opts.experts_only, &ignored),
+            quantization_config(opts.experts_only, &ignored, &q8_tables),
         );
     }
     write_json(&out_dir.join("config.json"), &config)?;
@@ -557,6 +661,7 @@ pub fn quantize_checkpoint(
         params_kept: pk,
         bytes_in,
         bytes_out,
+        q8_0_tables: q8_tables,
         relative_rms_error: if sq_norm > 0.0 {
             (sq_err / sq_norm).sqrt()
         } else {

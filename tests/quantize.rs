@@ -75,8 +75,8 @@ fn argmax(row: &[f32]) -> usize {
         .0
 }
 
-/// Writes `q`'s checkpoint to `dst` with every MXFP4 weight replaced by its
-/// decoded values as a plain f32 `{base}.weight`: the dense model the
+/// Writes `q`'s checkpoint to `dst` with every MXFP4 or Q8_0 weight replaced
+/// by its decoded values as a plain f32 `{base}.weight`: the dense model the
 /// quantized file describes.
 fn write_decoded(q: &Path, dst: &Path) {
     let ckpt = Checkpoint::open(q).unwrap();
@@ -98,6 +98,17 @@ fn write_decoded(q: &Path, dst: &Path) {
                 vec![rows, cols],
                 bytes,
             ));
+        } else if e.dtype.name() == "i8" {
+            // A Q8_0 token table: decoded the same way.
+            let (rows, cols) = (e.shape[0], e.shape[1]);
+            let m = ckpt.matrix(n, rows, cols).unwrap();
+            assert_eq!(m.dtype, DType::Q8_0);
+            let bytes = m
+                .to_f32_vec()
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            owned.push((n.to_string(), Dtype::F32, vec![rows, cols], bytes));
         } else if !n.ends_with(".weight_scale") {
             let dtype = match e.dtype.name() {
                 "bf16" => Dtype::BF16,
@@ -153,7 +164,14 @@ fn quantized_vs_bf16(name: &str, experts_only: bool) -> (f64, f64) {
     // The folder is complete: config with quantization_config, tokenizer copied.
     let cfg: Value =
         serde_json::from_str(&std::fs::read_to_string(out.0.join("config.json")).unwrap()).unwrap();
-    assert_eq!(cfg["quantization_config"]["format"], "mxfp4-pack-quantized");
+    // The whole-model form also writes the token table as Q8_0 (a second group).
+    let want_format = if experts_only {
+        "mxfp4-pack-quantized"
+    } else {
+        "mixed-precision"
+    };
+    assert_eq!(cfg["quantization_config"]["format"], want_format);
+    assert_eq!(report.q8_0_tables.is_empty(), experts_only);
     assert_eq!(
         cfg["quantization_config"]["quant_method"],
         "compressed-tensors"

@@ -110,7 +110,8 @@ impl Engine {
         } else {
             None
         };
-        let state = SchedulerState::new(model, pages, cfg.scheduler.clone(), detok);
+        let mut state = SchedulerState::new(model, pages, cfg.scheduler.clone(), detok);
+        state.set_forward_on_pool(shards.is_none());
         let arbiter = Arbiter::new();
         let mem = memory.clone();
         let scheduler =

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use actix::{Actor, AsyncContext, Context, Handler, MessageResult};
 use caracal_kernels::paged::KvPool;
+use caracal_kernels::threads::on_pool;
 use caracal_kernels::sampling::{apply_penalties, sample, Rng};
 use tokio::sync::mpsc;
 
@@ -145,6 +146,9 @@ pub struct SchedulerState {
     running: Vec<Running>,
     next_id: RequestId,
     stats: SchedulerStats,
+    /// Run each forward on a rayon worker ([`on_pool`]); off when expert
+    /// shards compute on their own threads while the forward waits for them.
+    forward_on_pool: bool,
 }
 
 impl SchedulerState {
@@ -168,7 +172,15 @@ impl SchedulerState {
             running: Vec::new(),
             next_id: 1,
             stats: SchedulerStats::default(),
+            forward_on_pool: true,
         }
+    }
+
+    /// Whether each batched forward runs on a rayon worker (default). Turn it
+    /// off when the model waits on other threads that use the pool (expert
+    /// shards): a blocked worker could otherwise starve them.
+    pub fn set_forward_on_pool(&mut self, on: bool) {
+        self.forward_on_pool = on;
     }
 
     /// Queues a request, or refuses it when the queue is full or it cannot run.
@@ -425,7 +437,14 @@ impl SchedulerState {
                 logits: *mode,
             });
         }
-        let result = self.model.forward(&mut self.pool, &mut batch);
+        // On a pool worker: the kernels' parallel calls then skip the
+        // cross-thread round trip (see caracal_kernels::threads).
+        let (model, pool) = (&self.model, &mut self.pool);
+        let result = if self.forward_on_pool {
+            on_pool(|| model.forward(pool, &mut batch))
+        } else {
+            model.forward(pool, &mut batch)
+        };
         drop(batch);
         self.stats.steps += 1;
         let logits = match result {

@@ -16,6 +16,8 @@ pub enum DType {
     F16,
     /// OCP MXFP4: 32 E2M1 values sharing one E8M0 scale (4.25 bits/weight).
     Mxfp4,
+    /// Q8_0: 32 int8 values sharing one f32 scale (9 bits/weight).
+    Q8_0,
 }
 
 impl fmt::Display for DType {
@@ -25,6 +27,7 @@ impl fmt::Display for DType {
             DType::BF16 => "bf16",
             DType::F16 => "f16",
             DType::Mxfp4 => "mxfp4",
+            DType::Q8_0 => "q8_0",
         };
         f.write_str(s)
     }

@@ -39,9 +39,11 @@ pub mod moe;
 pub mod mxfp4;
 pub mod norm;
 pub mod paged;
+pub mod q8;
 pub mod rope;
 pub mod sampling;
 pub mod softmax;
+pub mod threads;
 
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -57,6 +57,10 @@ pub const E2M1_VALUES: [f32; 16] = [
 /// E2M1 values doubled (all integers), as int8: the lookup of the int8 kernel.
 const E2M1_X2_I8: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
+/// [`E2M1_X2_I8`] + 12: the doubled values made unsigned for `vpdpbusd`'s
+/// unsigned operand; the offset is taken back through the activations' sums.
+const E2M1_X2_U8: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
+
 /// Minimum weight bytes one GEMV task streams, so that rayon's per-task cost
 /// (~1 µs) stays small. Default 16 KiB.
 const MIN_TASK_BYTES: usize = 16 * 1024;
@@ -482,18 +486,21 @@ fn matmul_q8(
         return;
     }
     let ng = (cols / BLOCK_ELEMS).div_ceil(4);
-    let mut xq = vec![128u8; n * ng * 128];
+    let mut xq = vec![0u8; n * ng * 128];
     let mut dx = vec![0.0f32; n * ng * 4];
-    for ((xi, q), d) in x
+    let mut xc = vec![0i32; n * ng * 16];
+    for (((xi, q), d), c) in x
         .chunks_exact(cols)
         .zip(xq.chunks_exact_mut(ng * 128))
         .zip(dx.chunks_exact_mut(ng * 4))
+        .zip(xc.chunks_exact_mut(ng * 16))
     {
-        quantize_activations_q8(xi, q, d);
+        quantize_activations_q8(xi, q, d, c);
     }
     let kernel = Q8Kernel {
         xq: &xq,
         dx: &dx,
+        xc: &xc,
         ng,
     };
     Gemv {
@@ -513,6 +520,10 @@ type Row<'a> = (&'a [u8], &'a [u8]);
 /// A fused kernel the GEMV driver runs: packed weight rows against activation
 /// rows prepared once per call.
 trait DotKernel: Sync {
+    /// Whether four weight rows per call fit the registers when at most two
+    /// activation rows are multiplied (decode); otherwise two.
+    const QUAD_ROWS_FOR_DECODE: bool = false;
+
     /// `y[m][i] = w_m · x_(i0+i)` over blocks `kb0..kb1` (the span of `w`).
     fn dot<const MW: usize, const NX: usize>(
         &self,
@@ -551,8 +562,10 @@ impl DotKernel for ExactKernel<'_> {
 
 /// [`matmul_mxfp4_q8`]'s kernel: int8 activations in groups of 4 blocks.
 struct Q8Kernel<'a> {
-    /// `q + 128` per activation, `ng · 128` bytes per row ([`quantize_activations_q8`]).
+    /// `q` (i8 bits) per activation, `ng · 128` bytes per row ([`quantize_activations_q8`]).
     xq: &'a [u8],
+    /// `−12·Σq` per `vpdpbusd` lane, `ng · 16` per row.
+    xc: &'a [i32],
     /// `d/2` per block, `ng · 4` per row.
     dx: &'a [f32],
     /// Groups of 4 blocks per row.
@@ -560,6 +573,8 @@ struct Q8Kernel<'a> {
 }
 
 impl DotKernel for Q8Kernel<'_> {
+    const QUAD_ROWS_FOR_DECODE: bool = true;
+
     fn dot<const MW: usize, const NX: usize>(
         &self,
         w: [Row<'_>; MW],
@@ -574,6 +589,7 @@ impl DotKernel for Q8Kernel<'_> {
             (
                 &self.xq[(row + g0) * 128..(row + g1) * 128],
                 &self.dx[(row + g0) * 4..(row + g1) * 4],
+                &self.xc[(row + g0) * 16..(row + g1) * 16],
             )
         });
         q8_dot::<MW, NX>(w, xs)
@@ -618,6 +634,12 @@ impl<K: DotKernel> Gemv<K> {
                 )
             };
             let mut r = r0;
+            if K::QUAD_ROWS_FOR_DECODE && self.n <= 2 {
+                while r + 4 <= r1 {
+                    self.x_groups(r, [row(r), row(r + 1), row(r + 2), row(r + 3)], kb0, kb1);
+                    r += 4;
+                }
+            }
             while r < r1 {
                 if r + 1 < r1 {
                     self.x_groups(r, [row(r), row(r + 1)], kb0, kb1);
@@ -720,9 +742,12 @@ fn row_dot_scalar<const NX: usize>(wb: &[u8], ws: &[u8], xs: [&[f32]; NX]) -> [f
 
 /// Rounds one activation row to int8 per block, in the int8 kernel's layout:
 /// groups of 4 blocks as `[evens of b0..b3 (16 each), odds of b0..b3]`, each
-/// value stored as `q + 128`; `dx[b]` gets `d/2` (the weights are doubled).
-/// Padding blocks of the last group keep `q = 0` and `d = 0`.
-fn quantize_activations_q8(x: &[f32], xq: &mut [u8], dx: &mut [f32]) {
+/// value stored as the bits of `q: i8`; `dx[b]` gets `d/2` (the weights are
+/// doubled); `xc[16g + l]` gets `−12·Σq` over the activations lane `l` of
+/// group `g` meets (bytes `4l..4l+4` of both halves), which takes back the
+/// +12 that makes the weights unsigned. Padding blocks of the last group keep
+/// `q = 0` and `d = 0`.
+fn quantize_activations_q8(x: &[f32], xq: &mut [u8], dx: &mut [f32], xc: &mut [i32]) {
     for (b, blk) in x.chunks_exact(BLOCK_ELEMS).enumerate() {
         let amax = blk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
@@ -731,9 +756,11 @@ fn quantize_activations_q8(x: &[f32], xq: &mut [u8], dx: &mut [f32]) {
         dx[b] = if amax.is_finite() { d * 0.5 } else { f32::NAN };
         let (g, k) = (b / 4, b % 4);
         for j in 0..BLOCK_ELEMS / 2 {
-            let q = |v: f32| ((v * inv).round().clamp(-127.0, 127.0) as i32 + 128) as u8;
-            xq[g * 128 + k * 16 + j] = q(blk[2 * j]);
-            xq[g * 128 + 64 + k * 16 + j] = q(blk[2 * j + 1]);
+            let q = |v: f32| crate::q8::round_even(v * inv).clamp(-127.0, 127.0) as i8;
+            let (e, o) = (q(blk[2 * j]), q(blk[2 * j + 1]));
+            xq[g * 128 + k * 16 + j] = e as u8;
+            xq[g * 128 + 64 + k * 16 + j] = o as u8;
+            xc[g * 16 + (k * 16 + j) / 4] -= 12 * (e as i32 + o as i32);
         }
     }
 }
@@ -741,7 +768,7 @@ fn quantize_activations_q8(x: &[f32], xq: &mut [u8], dx: &mut [f32]) {
 /// Int8 dot products of `MW` packed rows with `NX` quantised activation rows.
 fn q8_dot<const MW: usize, const NX: usize>(
     w: [Row<'_>; MW],
-    xs: [(&[u8], &[f32]); NX],
+    xs: [(&[u8], &[f32], &[i32]); NX],
 ) -> [[f32; NX]; MW] {
     let ng = w[0].1.len().div_ceil(4);
     for (wb, ws) in w {
@@ -752,7 +779,7 @@ fn q8_dot<const MW: usize, const NX: usize>(
     }
     assert!(
         xs.iter()
-            .all(|(q, d)| q.len() == ng * 128 && d.len() == ng * 4),
+            .all(|(q, d, c)| q.len() == ng * 128 && d.len() == ng * 4 && c.len() == ng * 16),
         "q8_dot: activations span the row"
     );
     #[cfg(target_arch = "x86_64")]
@@ -770,7 +797,7 @@ mod x86 {
     //! x86-64 kernels. Callers check CPU features and slice lengths.
     use std::arch::x86_64::*;
 
-    use super::{BLOCK_BYTES, BLOCK_ELEMS, E2M1_VALUES, E2M1_X2_I8, E8M0_TABLE};
+    use super::{BLOCK_BYTES, BLOCK_ELEMS, E2M1_VALUES, E2M1_X2_U8, E8M0_TABLE};
 
     /// How far ahead of the current block the AVX-512 kernels prefetch packed
     /// weights. Consecutive weight rows are adjacent, but each row is only a
@@ -902,21 +929,20 @@ mod x86 {
 
     /// AVX-512 VNNI int8 dot: four blocks (64 bytes) per step.
     ///
-    /// Codes become doubled signed int8 weights via `vpshufb`; activations are
-    /// stored as `q + 128` (unsigned, as `vpdpbusd` wants), so each lane's sum
-    /// is corrected by `−128·Σw`, computed once per step for all `NX` rows.
+    /// Codes become doubled weights plus 12 (unsigned, as `vpdpbusd` wants)
+    /// via `vpshufb`; activations are signed int8. Each lane's sum starts at
+    /// the activations' `−12·Σq` for that lane (prepared once per activation
+    /// row), which cancels the offset, so no per-weight correction is needed.
     /// Lane `l` of a step belongs to block `l / 4`; its float weight is the
-    /// E8M0 scale (built from the exponent bits) times the activation's `d/2`.
+    /// E8M0 scale (exponent bits shifted into place) times the activation's `d/2`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub(super) unsafe fn q8_dot_avx512<const MW: usize, const NX: usize>(
         w: [(&[u8], &[u8]); MW],
-        xs: [(&[u8], &[f32]); NX],
+        xs: [(&[u8], &[f32], &[i32]); NX],
     ) -> [[f32; NX]; MW] {
         let nb = w[0].1.len();
-        let lut = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(E2M1_X2_I8.as_ptr().cast()) });
+        let lut = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(E2M1_X2_U8.as_ptr().cast()) });
         let m4 = _mm512_set1_epi8(0x0F);
-        let c128 = _mm512_set1_epi8(-128);
-        let zero = _mm512_setzero_si512();
         // pshufb pattern: in 128-bit lane k every dword takes byte k, zero-extended.
         let sidx = _mm512_set_epi32(
             0x8080_8003u32 as i32,
@@ -940,15 +966,14 @@ mod x86 {
         let mut acc = [[_mm512_setzero_ps(); NX]; MW];
         for g in 0..nb.div_ceil(4) {
             let k = (nb - 4 * g).min(4);
-            let mut wl = [zero; MW];
-            let mut wh = [zero; MW];
-            let mut base = [zero; MW];
+            let mut wl = [_mm512_setzero_si512(); MW];
+            let mut wh = [_mm512_setzero_si512(); MW];
             let mut wscale = [_mm512_setzero_ps(); MW];
             for (m, (wb, ws)) in w.iter().enumerate() {
                 let e4 = if k == 4 {
                     u32::from_le_bytes([ws[4 * g], ws[4 * g + 1], ws[4 * g + 2], ws[4 * g + 3]])
                 } else {
-                    // Padding blocks get scale 2^0: finite, and their weights are zero.
+                    // Padding blocks get scale 2^0: finite (their activations are zero).
                     let mut e = [127u8; 4];
                     for (j, v) in e.iter_mut().enumerate().take(k) {
                         *v = ws[4 * g + j];
@@ -970,16 +995,13 @@ mod x86 {
                 };
                 wl[m] = _mm512_shuffle_epi8(lut, _mm512_and_si512(wv, m4));
                 wh[m] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4));
-                let wsum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, c128, wl[m]), c128, wh[m]);
-                base[m] = _mm512_sub_epi32(zero, wsum);
                 let e = _mm512_shuffle_epi8(_mm512_set1_epi32(e4 as i32), sidx);
                 let mut sbits = _mm512_slli_epi32::<23>(e);
-                // Bytes 0 (2^-127, subnormal) and 255 (NaN) do not follow e << 23.
-                if _mm512_cmpge_epu32_mask(
-                    _mm512_sub_epi32(e, _mm512_set1_epi32(1)),
-                    _mm512_set1_epi32(254),
-                ) != 0
-                {
+                // Bytes 0 (2^-127, subnormal) and 255 (NaN) do not follow e << 23:
+                // a zero byte in e4 or in !e4 sends them down the slow path.
+                let has_zero = |v: u32| v.wrapping_sub(0x0101_0101) & !v & 0x8080_8080 != 0;
+                if has_zero(e4) || has_zero(!e4) {
+                    let zero = _mm512_setzero_si512();
                     sbits = _mm512_mask_mov_epi32(
                         sbits,
                         _mm512_cmpeq_epi32_mask(e, zero),
@@ -993,19 +1015,20 @@ mod x86 {
                 }
                 wscale[m] = _mm512_castsi512_ps(sbits);
             }
-            for (i, (q, d)) in xs.iter().enumerate() {
-                // SAFETY: q has 128 bytes and d 4 floats per group (asserted by the caller).
-                let (xe, xo, dv) = unsafe {
+            for (i, (q, d, c)) in xs.iter().enumerate() {
+                // SAFETY: q has 128 bytes, d 4 floats and c 16 sums per group
+                // (asserted by the caller).
+                let (xe, xo, dv, base) = unsafe {
                     (
                         _mm512_loadu_si512(q.as_ptr().add(g * 128).cast()),
                         _mm512_loadu_si512(q.as_ptr().add(g * 128 + 64).cast()),
                         _mm512_castps128_ps512(_mm_loadu_ps(d.as_ptr().add(g * 4))),
+                        _mm512_loadu_si512(c.as_ptr().add(g * 16).cast()),
                     )
                 };
                 let dv = _mm512_permutexvar_ps(lane4, dv);
                 for m in 0..MW {
-                    let dot =
-                        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(base[m], xe, wl[m]), xo, wh[m]);
+                    let dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(base, wl[m], xe), wh[m], xo);
                     acc[m][i] = _mm512_fmadd_ps(
                         _mm512_cvtepi32_ps(dot),
                         _mm512_mul_ps(wscale[m], dv),

@@ -346,7 +346,7 @@ fn q8_scalar(x: &[f32], w_blocks: &[u8], scales: &[u8]) -> f64 {
         let mut dot = 0i64;
         for j in 0..16 {
             let byte = w_blocks[(b * 16) + j];
-            let q = |v: f32| (v * inv).round().clamp(-127.0, 127.0) as i64;
+            let q = |v: f32| crate::q8::round_even(v * inv).clamp(-127.0, 127.0) as i64;
             dot += q(xb[2 * j]) * E2M1_X2_I8[(byte & 15) as usize] as i64;
             dot += q(xb[2 * j + 1]) * E2M1_X2_I8[(byte >> 4) as usize] as i64;
         }

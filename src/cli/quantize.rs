@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use caracal::quantize::{quantize_checkpoint, QuantizeOptions, ScaleRule};
+use caracal::quantize::{quantize_checkpoint, QuantizeOptions, ScaleRule, TableFormat};
 use clap::{Args, ValueEnum};
 
 /// Target formats of `caracal quantize`.
@@ -23,6 +23,18 @@ pub enum ScaleArg {
     Ocp,
 }
 
+/// Token-table formats.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum TableArg {
+    /// As stored in the source.
+    Keep,
+    /// int8 per 32 values with an f32 scale.
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// MXFP4 like the linear weights.
+    Mxfp4,
+}
+
 /// Arguments of `caracal quantize`.
 #[derive(Args)]
 pub struct QuantizeArgs {
@@ -36,10 +48,11 @@ pub struct QuantizeArgs {
     /// Quantize only routed expert weights (`*.experts.*`), as Kimi K3 ships.
     #[arg(long)]
     experts_only: bool,
-    /// Also quantize the token embedding and lm_head (faster decode on small
-    /// models with tied embeddings, lower quality).
-    #[arg(long, conflicts_with = "experts_only")]
-    embeddings: bool,
+    /// Format of the token embedding and lm_head: q8_0 (int8 per 32 values,
+    /// near-lossless), mxfp4 (faster decode on small models with tied
+    /// embeddings, lower quality) or keep. Ignored with --experts-only.
+    #[arg(long, value_enum, default_value = "q8_0")]
+    embeddings: TableArg,
     /// Block-scale rule.
     #[arg(long, value_enum, default_value = "min-mse")]
     scales: ScaleArg,
@@ -56,7 +69,11 @@ pub fn run(a: QuantizeArgs) -> Result<()> {
     let Target::Mxfp4 = a.to;
     let opts = QuantizeOptions {
         experts_only: a.experts_only,
-        embeddings: a.embeddings,
+        embeddings: match a.embeddings {
+            TableArg::Keep => TableFormat::Keep,
+            TableArg::Q8_0 => TableFormat::Q8_0,
+            TableArg::Mxfp4 => TableFormat::Mxfp4,
+        },
         progress: !a.quiet,
         scale_rule: match a.scales {
             ScaleArg::MinMse => ScaleRule::MinMse,
