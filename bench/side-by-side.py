@@ -4,12 +4,13 @@
 Same GGUF, same thread counts, same text, in one run:
 
   * imports the Q4_1 GGUF with Caracal (bf16) and quantizes that to MXFP4 with
-    `caracal quantize` (default min-MSE block scales; also the OCP rule and a
-    variant with the tied embedding in MXFP4 too);
+    `caracal quantize` (default: min-MSE block scales, tied embedding Q8_0 as
+    llama.cpp does; also the OCP scale rule, the embedding kept bf16, and the
+    embedding in MXFP4 too);
   * makes llama.cpp's comparable files from the same GGUF with
     `llama-quantize --allow-requantize`: Q4_0, MXFP4 for every block tensor
     (`--tensor-type 'blk\\..*=mxfp4'`, embedding Q8_0) and the same with a
-    BF16 embedding (what Caracal's default MXFP4 checkpoint keeps);
+    BF16 embedding;
   * speed: `llama-bench` (pp64, pp512, tg128; one timed run per call after
     its own warm-up) for llama.cpp and `caracal generate --json` for Caracal
     (prefill tok/s of a 64- and a 512-token prompt; decode tok/s over 128
@@ -185,10 +186,19 @@ def main():
     bf16 = MODELS / "caracal-bf16"
     if not (bf16 / "model.safetensors").exists():
         run([cbin, "import-gguf", GGUF, bf16, "--quiet"])
-    variants_c = {"caracal-mxfp4": [], "caracal-mxfp4-ocp": ["--scales", "ocp"], "caracal-mxfp4-emb": ["--embeddings"]}
+    variants_c = {
+        "caracal-mxfp4": [],
+        "caracal-mxfp4-ocp": ["--scales", "ocp"],
+        "caracal-mxfp4-bf16emb": ["--embeddings", "keep"],
+        "caracal-mxfp4-emb": ["--embeddings", "mxfp4"],
+    }
     for name, extra in variants_c.items():
-        if not (MODELS / name / "model.safetensors").exists():
+        # Re-quantize when the folder was made with other arguments or by an older build.
+        stamp = MODELS / name / "caracal-quantize-args.json"
+        want = json.dumps({"args": extra, "bin_mtime": int(Path(cbin).stat().st_mtime)})
+        if not (MODELS / name / "model.safetensors").exists() or not stamp.exists() or stamp.read_text() != want:
             run([cbin, "quantize", "--to", "mxfp4", bf16, MODELS / name, "--quiet", *extra])
+            stamp.write_text(want)
     llama_files = {"llama-q4_1": GGUF}
     for name, qargs in {
         "llama-q4_0": ["Q4_0"],
@@ -208,9 +218,10 @@ def main():
         ("llama-q4_0", "llama.cpp", llama_files["llama-q4_0"], True, "llama-quantize --allow-requantize Q4_0"),
         ("llama-mxfp4", "llama.cpp", llama_files["llama-mxfp4"], True, "blk.* MXFP4, embedding Q8_0"),
         ("llama-mxfp4-bf16emb", "llama.cpp", llama_files["llama-mxfp4-bf16emb"], True, "blk.* MXFP4, embedding BF16"),
-        ("caracal-mxfp4", "caracal", MODELS / "caracal-mxfp4", True, "caracal quantize (min-MSE scales), embedding bf16"),
-        ("caracal-mxfp4-ocp", "caracal", MODELS / "caracal-mxfp4-ocp", False, "caracal quantize --scales ocp, embedding bf16"),
-        ("caracal-mxfp4-emb", "caracal", MODELS / "caracal-mxfp4-emb", True, "caracal quantize --embeddings (table MXFP4 too)"),
+        ("caracal-mxfp4", "caracal", MODELS / "caracal-mxfp4", True, "caracal quantize (min-MSE scales), embedding Q8_0"),
+        ("caracal-mxfp4-ocp", "caracal", MODELS / "caracal-mxfp4-ocp", False, "caracal quantize --scales ocp, embedding Q8_0"),
+        ("caracal-mxfp4-bf16emb", "caracal", MODELS / "caracal-mxfp4-bf16emb", True, "caracal quantize --embeddings keep (bf16)"),
+        ("caracal-mxfp4-emb", "caracal", MODELS / "caracal-mxfp4-emb", True, "caracal quantize --embeddings mxfp4"),
     ]
     if args.only:
         keep = set(args.only.split(","))
@@ -296,8 +307,8 @@ def render(r, threads):
     if "caracal-bf16" in V and "llama-q4_1" in V and "ppl" in V["caracal-bf16"] and "ppl" in V["llama-q4_1"]:
         a, b = V["caracal-bf16"]["ppl"]["ppl"], V["llama-q4_1"]["ppl"]["ppl"]
         lines.append(f"PPL caracal-bf16 / llama-q4_1 = {a:.4f} / {b:.4f} = {a / b:.4f} ({100 * (a / b - 1):+.2f}%; must be within ±1%)")
-    for a, b in (("caracal-mxfp4", "llama-mxfp4"), ("caracal-mxfp4", "llama-mxfp4-bf16emb"), ("caracal-mxfp4", "llama-q4_0"),
-                 ("caracal-mxfp4-emb", "llama-mxfp4"), ("caracal-mxfp4-emb", "llama-q4_0"), ("caracal-bf16", "llama-q4_1")):
+    for a, b in (("caracal-mxfp4", "llama-mxfp4"), ("caracal-mxfp4-bf16emb", "llama-mxfp4-bf16emb"), ("caracal-mxfp4", "llama-q4_0"),
+                 ("caracal-mxfp4-emb", "llama-mxfp4"), ("caracal-bf16", "llama-q4_1")):
         if a in V and b in V:
             parts = []
             for t in threads:

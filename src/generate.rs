@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use caracal_kernels::paged::KvPool;
-use caracal_kernels::threads::on_pool;
 use caracal_kernels::sampling::{apply_penalties, sample, Rng, SamplingParams};
+use caracal_kernels::threads::on_pool;
 use serde::Serialize;
 
 use crate::error::{Error, Result};

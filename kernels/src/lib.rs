@@ -31,6 +31,7 @@ pub mod activation;
 pub mod attention;
 pub mod dtype;
 pub mod error;
+pub mod flash;
 pub mod gemm;
 pub mod kda;
 pub mod matrix;

@@ -59,7 +59,15 @@ const E2M1_X2_I8: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8
 
 /// [`E2M1_X2_I8`] + 12: the doubled values made unsigned for `vpdpbusd`'s
 /// unsigned operand; the offset is taken back through the activations' sums.
-const E2M1_X2_U8: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
+const E2M1_X2_U8: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (E2M1_X2_I8[i] + 12) as u8;
+        i += 1;
+    }
+    t
+};
 
 /// Minimum weight bytes one GEMV task streams, so that rayon's per-task cost
 /// (~1 µs) stays small. Default 16 KiB.

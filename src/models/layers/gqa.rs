@@ -1,6 +1,7 @@
 //! Grouped-query attention with RoPE over the paged KV cache (LLaMA family).
 
-use caracal_kernels::attention::{paged_attention, write_kv, AttnShape};
+use caracal_kernels::attention::{write_kv, AttnShape};
+use caracal_kernels::flash::paged_attention_tiled;
 use caracal_kernels::paged::KvPool;
 use caracal_kernels::rope::Rope;
 use caracal_kernels::Matrix;
@@ -82,7 +83,7 @@ impl GqaAttention {
                 &v[r.start * vw..r.end * vw],
                 s,
             );
-            paged_attention(
+            paged_attention_tiled(
                 &q[r.start * qw..r.end * qw],
                 cache,
                 self.kv_layer,
