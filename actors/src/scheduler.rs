@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use actix::{Actor, AsyncContext, Context, Handler, MessageResult};
 use caracal_kernels::paged::KvPool;
-use caracal_kernels::threads::on_pool;
 use caracal_kernels::sampling::{apply_penalties, sample, Rng};
+use caracal_kernels::threads::on_pool;
 use tokio::sync::mpsc;
 
 use crate::engine::{CausalLm, Detokenize, LinearState, LogitsMode, SeqBatch, SeqState};
