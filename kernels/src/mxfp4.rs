@@ -494,9 +494,56 @@ fn matmul_q8(
         return;
     }
     let ng = (cols / BLOCK_ELEMS).div_ceil(4);
-    let mut xq = vec![0u8; n * ng * 128];
-    let mut dx = vec![0.0f32; n * ng * 4];
-    let mut xc = vec![0i32; n * ng * 16];
+    // Decode calls this a few hundred times per token: reuse this thread's
+    // buffers unless a nested call on the same thread holds them.
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<f32>, Vec<i32>)> =
+            const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    }
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut bufs) => {
+            let (xq, dx, xc) = &mut *bufs;
+            q8_with_buffers(slice, x, n, blocks, scales, rows, cols, out, ng, xq, dx, xc)
+        }
+        Err(_) => q8_with_buffers(
+            slice,
+            x,
+            n,
+            blocks,
+            scales,
+            rows,
+            cols,
+            out,
+            ng,
+            &mut Vec::new(),
+            &mut Vec::new(),
+            &mut Vec::new(),
+        ),
+    });
+}
+
+/// [`matmul_q8`] with the prepared-activation buffers supplied (resized here).
+#[allow(clippy::too_many_arguments)]
+fn q8_with_buffers(
+    slice: usize,
+    x: &[f32],
+    n: usize,
+    blocks: &[u8],
+    scales: &[u8],
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+    ng: usize,
+    xq: &mut Vec<u8>,
+    dx: &mut Vec<f32>,
+    xc: &mut Vec<i32>,
+) {
+    xq.clear();
+    xq.resize(n * ng * 128, 0);
+    dx.clear();
+    dx.resize(n * ng * 4, 0.0);
+    xc.clear();
+    xc.resize(n * ng * 16, 0);
     for (((xi, q), d), c) in x
         .chunks_exact(cols)
         .zip(xq.chunks_exact_mut(ng * 128))
@@ -505,12 +552,7 @@ fn matmul_q8(
     {
         quantize_activations_q8(xi, q, d, c);
     }
-    let kernel = Q8Kernel {
-        xq: &xq,
-        dx: &dx,
-        xc: &xc,
-        ng,
-    };
+    let kernel = Q8Kernel { xq, dx, xc, ng };
     Gemv {
         kernel,
         n,

@@ -376,6 +376,9 @@ mod x86 {
 
     use super::{QuantizedRows, BLOCK};
 
+    /// How far ahead of the current step the weight rows are prefetched.
+    const PREFETCH_BYTES: usize = 8192;
+
     /// `y[m][k] = w_m · x_(i+k)` for `MW` weight rows and `NX` quantized
     /// activation rows, 64 weights (two blocks) per step.
     ///
@@ -404,6 +407,9 @@ mod x86 {
                 // SAFETY: a step covers blocks 2s and (when `two`) 2s + 1 of the row.
                 unsafe {
                     let p = wq.as_ptr().add(s * 2 * BLOCK);
+                    // Rows are short (a few hundred bytes): without a hint the
+                    // hardware prefetcher does not ramp up within one row.
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES).cast());
                     wv[m] = if two {
                         _mm512_loadu_si512(p.cast())
                     } else {
