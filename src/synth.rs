@@ -133,6 +133,8 @@ impl FromStr for Arch {
 pub enum Preset {
     /// Tens of MB: [`K3Shape::tiny`].
     Tiny,
+    /// About 400 MB with K3's ratio of attention to weight work: [`K3Shape::small`].
+    Small,
 }
 
 impl FromStr for Preset {
@@ -140,8 +142,9 @@ impl FromStr for Preset {
     fn from_str(s: &str) -> Result<Preset> {
         match s {
             "tiny" => Ok(Preset::Tiny),
+            "small" => Ok(Preset::Small),
             other => Err(Error::Config(format!(
-                "synth: unknown --preset `{other}`; supported: tiny"
+                "synth: unknown --preset `{other}`; supported: tiny, small"
             ))),
         }
     }
@@ -273,10 +276,49 @@ impl K3Shape {
         }
     }
 
+    /// The `small` preset: K3's vocabulary, layer pattern and routing with
+    /// widths chosen so that attention over a long history costs the same
+    /// share of a token's work as in K3. Per token at 4,096 cached tokens, K3's
+    /// 24 MLA layers read 96 heads × 1,088 latent MACs per key (10.3 G MACs)
+    /// against 104 G MACs of active weights (0.099); here 2 MLA layers × 8
+    /// heads × 144 MACs per key give 9.4 M MACs against ~114 M (0.083). For
+    /// timing the runtime on realistic proportions (`caracal bench --history`);
+    /// tests use `tiny`.
+    pub fn small() -> K3Shape {
+        K3Shape {
+            vocab_size: 163_840,
+            hidden_size: 512,
+            num_hidden_layers: 8,
+            attn_res_block_size: 4,
+            num_attention_heads: 8,
+            q_lora_rank: 128,
+            kv_lora_rank: 64,
+            qk_nope_head_dim: 32,
+            qk_rope_head_dim: 16,
+            v_head_dim: 32,
+            kda_num_heads: 8,
+            kda_head_dim: 64,
+            short_conv_kernel_size: 4,
+            intermediate_size: 1536,
+            moe_intermediate_size: 256,
+            routed_expert_hidden_size: 256,
+            num_experts: 64,
+            num_experts_per_token: 8,
+            num_shared_experts: 2,
+            vt_hidden_size: 32,
+            vt_num_hidden_layers: 2,
+            vt_num_attention_heads: 3,
+            vt_qkv_hidden_size: 48,
+            vt_intermediate_size: 128,
+            vt_pos_emb_size: 64,
+        }
+    }
+
     /// The shape of a preset.
     pub fn of(preset: Preset) -> K3Shape {
         match preset {
             Preset::Tiny => K3Shape::tiny(),
+            Preset::Small => K3Shape::small(),
         }
     }
 
@@ -438,6 +480,13 @@ pub fn k3_config(s: &K3Shape, seed: u64) -> Value {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    let preset = if *s == K3Shape::tiny() {
+        "tiny"
+    } else if *s == K3Shape::small() {
+        "small"
+    } else {
+        "custom"
+    };
     json!({
         "architectures": ["KimiK3ForConditionalGeneration"],
         "model_type": "kimi_k3",
@@ -452,7 +501,7 @@ pub fn k3_config(s: &K3Shape, seed: u64) -> Value {
         "torch_dtype": "bfloat16",
         "quantization_config": crate::quantize::quantization_config(true, &ignore, &[]),
         "synth_version": SYNTH_VERSION,
-        "synth": {"generator": "caracal synth", "arch": "kimi_k3", "preset": "tiny", "seed": seed,
+        "synth": {"generator": "caracal synth", "arch": "kimi_k3", "preset": preset, "seed": seed,
                   "note": "random weights with Kimi K3's layout; not a trained model"},
     })
 }

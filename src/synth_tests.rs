@@ -108,6 +108,25 @@ fn tiny_shape_is_valid_and_config_has_k3_keys() {
 }
 
 #[test]
+fn small_shape_is_valid_and_keeps_k3s_attention_share() {
+    let s = K3Shape::small();
+    s.validate().expect("small is valid");
+    assert_eq!("small".parse::<Preset>().unwrap(), Preset::Small);
+    let c = k3_config(&s, 1);
+    assert_eq!(c["synth"]["preset"], "small");
+    assert_eq!(k3_config(&K3Shape::tiny(), 1)["synth"]["preset"], "tiny");
+    // Absorbed-MLA MACs per cached key and token over all MLA layers; K3's
+    // figure (24 layers × 96 heads × 1,088) is 0.099 of its 104 G active
+    // MACs per token at 4,096 cached tokens.
+    let per_key = s.full_attn_layers().len()
+        * s.num_attention_heads
+        * (2 * s.kv_lora_rank + s.qk_rope_head_dim);
+    assert_eq!(per_key, 2 * 8 * 144);
+    let k3 = 24.0 * 96.0 * 1088.0 * 4096.0 / 104e9;
+    assert!((k3 - 0.099_f64).abs() < 0.002, "{k3}");
+}
+
+#[test]
 fn unknown_arch_and_preset_are_named_in_the_error() {
     let e = "llama"
         .parse::<Arch>()

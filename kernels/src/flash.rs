@@ -111,6 +111,57 @@ pub fn paged_attention_tiled(
             start_pos,
             shape,
             scale,
+            latent: false,
+        },
+        out,
+    );
+}
+
+/// Attention over an MLA latent cache in the absorbed form: every query head
+/// attends to the same cached rows `[c (v_dim) | k_pe]` (the whole row is
+/// the key, its first `v_dim` values the value), which is GQA with one KV
+/// head shared by `heads` query heads.
+///
+/// `q` is `[t, heads·pool.width]` (each head `[W_UKᵀ·q_nope | q_pe]`), `out`
+/// is `[t, heads·v_dim]` (each head the softmax-weighted latent `Σ p·c`).
+/// Causality, tiling and accuracy as [`paged_attention_tiled`].
+///
+/// # Panics
+/// If `v_dim` exceeds the row width, or as [`paged_attention_tiled`].
+#[allow(clippy::too_many_arguments)]
+pub fn latent_attention_tiled(
+    q: &[f32],
+    pool: &KvPool,
+    layer: usize,
+    block_table: &[u32],
+    start_pos: usize,
+    heads: usize,
+    v_dim: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    assert!(
+        v_dim <= pool.width,
+        "latent_attention_tiled: v_dim {v_dim} exceeds the row width {}",
+        pool.width
+    );
+    let shape = AttnShape {
+        q_heads: heads,
+        kv_heads: 1,
+        head_dim: pool.width,
+        v_dim,
+    };
+    attend_with(
+        detected_isa(),
+        Call {
+            q,
+            pool,
+            layer,
+            block_table,
+            start_pos,
+            shape: &shape,
+            scale,
+            latent: true,
         },
         out,
     );
@@ -133,6 +184,9 @@ struct Call<'a> {
     shape: &'a AttnShape,
     /// Score scale (usually `1/√head_dim`).
     scale: f32,
+    /// MLA latent rows: one KV head, key = the whole row, value = its first
+    /// `v_dim` values (see [`latent_attention_tiled`]).
+    latent: bool,
 }
 
 /// The instruction set a call runs with.
@@ -302,12 +356,11 @@ fn attend_with(best: Isa, call: Call<'_>, out: &mut [f32]) {
     let (hd, vd) = (shape.head_dim, shape.v_dim);
     let qw = shape.q_heads * hd;
     let pool = call.pool;
+    let width = if call.latent { hd } else { shape.row_width() };
     assert_eq!(
-        pool.width,
-        shape.row_width(),
-        "paged_attention_tiled: pool rows have {} values, shape needs {}",
-        pool.width,
-        shape.row_width()
+        pool.width, width,
+        "paged_attention_tiled: pool rows have {} values, shape needs {width}",
+        pool.width
     );
     assert!(qw > 0 && vd > 0, "paged_attention_tiled: empty heads");
     let t = call.q.len() / qw;
@@ -500,8 +553,12 @@ unsafe fn attend_piece<S: Simd>(call: &Call<'_>, p: Piece, sc: &mut Scratch, sin
         for j in j0..j1 {
             let row = call.pool.row(call.layer, call.block_table, j);
             sc.krows.push(row[p.kvh * hd..(p.kvh + 1) * hd].as_ptr());
-            sc.vrows
-                .push(row[k_width + p.kvh * vd..k_width + (p.kvh + 1) * vd].as_ptr());
+            let v = if call.latent {
+                &row[..vd]
+            } else {
+                &row[k_width + p.kvh * vd..k_width + (p.kvh + 1) * vd]
+            };
+            sc.vrows.push(v.as_ptr());
         }
         let last = sc.krows[nk - 1];
         sc.krows.resize(nk + MAX_NR, last);

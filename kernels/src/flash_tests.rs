@@ -94,6 +94,7 @@ fn tiled_with(
         start_pos,
         shape,
         scale,
+        latent: false,
     };
     attend_with(isa, call, &mut out);
     out

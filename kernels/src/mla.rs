@@ -26,6 +26,7 @@
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::flash::latent_attention_tiled;
 use crate::paged::KvPool;
 
 /// Head geometry of one MLA layer.
@@ -215,7 +216,9 @@ fn check_attention(
 ///   for K2).
 /// - `out`: `[t, H·v]`.
 ///
-/// Parallel over (token, head) pairs.
+/// The scores and the weighted latent sum run in
+/// [`latent_attention_tiled`] (all heads share the latent rows, like GQA with
+/// one KV head); the absorbed projections are parallel over (token, head).
 ///
 /// # Panics
 /// If a length disagrees with `shape`, or the block table is too short.
@@ -259,50 +262,45 @@ pub fn mla_attention_absorbed(
         heads * v_dim * r,
         "mla_attention_absorbed: weights built for another shape"
     );
+    let t = q_nope.len() / (heads * nope_dim);
+    let width = r + dr;
+    // q̃_h = W_UK_hᵀ · q_nope_h next to the unrotated/rotated q_pe_h: one
+    // query row per head over the latent row [c | k_pe].
+    let mut qcat = vec![0.0f32; t * heads * width];
+    qcat.par_chunks_mut(width)
+        .enumerate()
+        .for_each(|(idx, qc)| {
+            let (i, h) = (idx / heads, idx % heads);
+            let qn = &q_nope[(i * heads + h) * nope_dim..(i * heads + h + 1) * nope_dim];
+            let wk = &w.w_uk[h * nope_dim * r..(h + 1) * nope_dim * r];
+            let (qt, qp) = qc.split_at_mut(r);
+            for (n, &qv) in qn.iter().enumerate() {
+                for (acc, &wv) in qt.iter_mut().zip(&wk[n * r..(n + 1) * r]) {
+                    *acc += qv * wv;
+                }
+            }
+            qp.copy_from_slice(&q_pe[(i * heads + h) * dr..(i * heads + h + 1) * dr]);
+        });
+    // lat_h = softmax(scale·q̃·[c | k_pe]) · c, tiled over the cached rows.
+    let mut lat = vec![0.0f32; t * heads * r];
+    latent_attention_tiled(
+        &qcat,
+        pool,
+        layer,
+        block_table,
+        start_pos,
+        heads,
+        r,
+        scale,
+        &mut lat,
+    );
+    // out_h = W_UV_h · lat_h.
     out.par_chunks_mut(v_dim).enumerate().for_each(|(idx, o)| {
-        let (i, h) = (idx / heads, idx % heads);
-        let qn = &q_nope[(i * heads + h) * nope_dim..(i * heads + h + 1) * nope_dim];
-        let qp = &q_pe[(i * heads + h) * dr..(i * heads + h + 1) * dr];
-        // q̃ = W_UK_hᵀ q_nope_h: accumulate rows of W_UK_h (contiguous in r).
-        let wk = &w.w_uk[h * nope_dim * r..(h + 1) * nope_dim * r];
-        let mut qt = vec![0.0f32; r];
-        for (n, &qv) in qn.iter().enumerate() {
-            for (acc, &wv) in qt.iter_mut().zip(&wk[n * r..(n + 1) * r]) {
-                *acc += qv * wv;
-            }
-        }
-        // Scores over the cached positions, then a max-subtracted softmax.
-        let len = start_pos + i + 1;
-        let mut scores = Vec::with_capacity(len);
-        let mut max = f32::NEG_INFINITY;
-        for pos in 0..len {
-            let row = pool.row(layer, block_table, pos);
-            let (c, kpe) = row.split_at(r);
-            let s = (dot(&qt, c) + dot(qp, kpe)) * scale;
-            max = max.max(s);
-            scores.push(s);
-        }
-        let mut sum = 0.0f32;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        // Latent output Σ p c, normalised once at the end.
-        let mut lat = vec![0.0f32; r];
-        for (pos, &p) in scores.iter().enumerate() {
-            let c = &pool.row(layer, block_table, pos)[..r];
-            for (acc, &cv) in lat.iter_mut().zip(c) {
-                *acc += p * cv;
-            }
-        }
-        let inv = 1.0 / sum;
-        for x in lat.iter_mut() {
-            *x *= inv;
-        }
-        // out_h = W_UV_h · lat.
+        let h = idx % heads;
+        let l = &lat[idx * r..(idx + 1) * r];
         let wv = &w.w_uv[h * v_dim * r..(h + 1) * v_dim * r];
         for (e, ov) in o.iter_mut().enumerate() {
-            *ov = dot(&wv[e * r..(e + 1) * r], &lat);
+            *ov = dot(&wv[e * r..(e + 1) * r], l);
         }
     });
 }

@@ -15,7 +15,8 @@ pub struct SynthArgs {
     /// Architecture to write (`kimi_k3`).
     #[arg(long, default_value = "kimi_k3")]
     arch: String,
-    /// Size preset (`tiny`: Kimi K3's structure, tens of MB).
+    /// Size preset (`tiny`: Kimi K3's structure, tens of MB; `small`: ~400 MB
+    /// with K3's share of attention work, for timing).
     #[arg(long, default_value = "tiny")]
     preset: String,
     /// Seed of the weights; the same seed gives byte-identical files.
