@@ -24,6 +24,8 @@ use std::sync::OnceLock;
 use half::prelude::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
 
+use crate::split::OutPtr;
+
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -334,23 +336,6 @@ fn matmul_ref_any<E: Elem>(
 // ---------------------------------------------------------------------------
 // GEMV
 // ---------------------------------------------------------------------------
-
-/// The output pointer shared by GEMV/GEMM tasks; each task writes a disjoint
-/// set of columns of `out`.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint elements (distinct row ranges of W), and the
-// pointer outlives the parallel region, which ends before the caller returns.
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The raw pointer (a method, so closures capture the Sync wrapper).
-    fn get(&self) -> *mut f32 {
-        self.0
-    }
-}
 
 /// A block kernel: `res[r][j] = Σ_c w[r·cols + c] · x[j·cols + c]` for `R`
 /// weight rows and `N` inputs.

@@ -44,6 +44,7 @@ pub mod q8;
 pub mod rope;
 pub mod sampling;
 pub mod softmax;
+mod split;
 pub mod threads;
 
 pub use dtype::DType;

@@ -35,9 +35,8 @@
 //! kernel has to interleave decoded values. Work is split over the rayon pool
 //! by ranges of weight rows.
 
-use rayon::prelude::*;
-
 use crate::error::{Error, Result};
+use crate::split::{for_row_ranges, OutPtr};
 
 /// Elements that share one E8M0 scale.
 pub const BLOCK_ELEMS: usize = 32;
@@ -342,33 +341,10 @@ impl Isa {
     }
 }
 
-/// Whether the int8 kernel of [`matmul_mxfp4_q8`] runs on this CPU.
+/// Whether the int8 kernel of [`matmul_mxfp4_q8`] runs on this CPU
+/// (AVX-512 F, BW and VNNI, as the Q8_0 kernel).
 fn q8_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// A raw output pointer shared by tasks that write disjoint elements.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: every task writes only the output columns of its own weight rows.
-unsafe impl Send for OutPtr {}
-// SAFETY: as above; no element is read or written by two tasks.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The pointer (a method, so closures capture the whole `Send` wrapper).
-    fn get(self) -> *mut f32 {
-        self.0
-    }
+    crate::q8::vnni_available()
 }
 
 /// Panics unless the arguments describe `out[n, rows] = x[n, cols] · Wᵀ`.
@@ -386,22 +362,6 @@ fn check_args(
     }
     assert_eq!(x.len(), n * cols, "matmul_mxfp4: x must be [n, cols]");
     assert_eq!(out.len(), n * rows, "matmul_mxfp4: out must be [n, rows]");
-}
-
-/// Runs `f(r0, r1)` over disjoint ranges covering `0..rows` on the rayon pool,
-/// each range streaming at least [`MIN_TASK_BYTES`] of weights when possible.
-fn for_row_ranges(rows: usize, row_bytes: usize, f: impl Fn(usize, usize) + Sync) {
-    let threads = rayon::current_num_threads().max(1);
-    let min_rows = (MIN_TASK_BYTES / row_bytes.max(1)).max(1);
-    let chunk = rows.div_ceil(threads * 4).max(min_rows);
-    let tasks = rows.div_ceil(chunk);
-    if tasks <= 1 || threads == 1 {
-        // No hand-off to the pool: waking a worker costs more than a small GEMV.
-        return f(0, rows);
-    }
-    (0..tasks)
-        .into_par_iter()
-        .for_each(|t| f(t * chunk, ((t + 1) * chunk).min(rows)));
 }
 
 /// Copies `x` reordering each 32-element block to `[even elements, odd elements]`.
@@ -667,9 +627,12 @@ impl<K: DotKernel> Gemv<K> {
     /// Computes the whole product, split over the rayon pool by weight rows.
     fn run(&self, blocks: &[u8], scales: &[u8]) {
         let nb = self.cols / BLOCK_ELEMS;
-        for_row_ranges(self.rows, nb * (BLOCK_BYTES + 1), |r0, r1| {
-            self.rows(blocks, scales, r0, r1)
-        });
+        for_row_ranges(
+            self.rows,
+            nb * (BLOCK_BYTES + 1),
+            MIN_TASK_BYTES,
+            |r0, r1| self.rows(blocks, scales, r0, r1),
+        );
     }
 
     /// Computes output columns `r0..r1`.

@@ -24,6 +24,7 @@
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::split::{for_row_ranges, OutPtr};
 
 /// Weights per block (one scale each).
 pub const BLOCK: usize = 32;
@@ -143,7 +144,7 @@ pub fn matmul_q8_0(
     }
     let out_ptr = OutPtr(out.as_mut_ptr());
     let wide = wide_f32_available();
-    for_row_ranges(rows, cols + cols / BLOCK * 4, |r0, r1| {
+    for_row_ranges(rows, cols + cols / BLOCK * 4, MIN_TASK_BYTES, |r0, r1| {
         for r in r0..r1 {
             let (qr, dr) = (
                 &q[r * cols..(r + 1) * cols],
@@ -217,37 +218,9 @@ unsafe fn row_dot_f32_avx2(q: &[i8], d: &[f32], x: &[f32]) -> f32 {
     row_dot_f32(q, d, x)
 }
 
-/// Output pointer shared by the row-range tasks.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: every task writes only the output columns of its own weight rows.
-unsafe impl Send for OutPtr {}
-// SAFETY: as above; no element is read or written by two tasks.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// Weight bytes a rayon task should stream at least (smaller splits cost more
 /// in hand-off than they gain).
 const MIN_TASK_BYTES: usize = 64 * 1024;
-
-/// Runs `f(r0, r1)` over disjoint ranges covering `0..rows` on the rayon pool.
-fn for_row_ranges(rows: usize, row_bytes: usize, f: impl Fn(usize, usize) + Sync) {
-    let threads = rayon::current_num_threads().max(1);
-    let min_rows = (MIN_TASK_BYTES / row_bytes.max(1)).max(1);
-    let chunk = rows.div_ceil(threads * 4).max(min_rows);
-    let tasks = rows.div_ceil(chunk);
-    if tasks <= 1 || threads == 1 {
-        return f(0, rows);
-    }
-    (0..tasks)
-        .into_par_iter()
-        .for_each(|t| f(t * chunk, ((t + 1) * chunk).min(rows)));
-}
 
 /// Activation rows rounded to int8 for the VNNI kernel: per row, values as
 /// `q + 128` (unsigned, as `vpdpbusd` wants; padded to a whole number of
@@ -303,7 +276,7 @@ fn matmul_int8(
     let xr = QuantizedRows::new(x, n, cols);
     let out_ptr = OutPtr(out.as_mut_ptr());
     let nb = cols / BLOCK;
-    for_row_ranges(rows, cols + nb * 4, |r0, r1| {
+    for_row_ranges(rows, cols + nb * 4, MIN_TASK_BYTES, |r0, r1| {
         let row = |r: usize| (&q[r * cols..(r + 1) * cols], &d[r * nb..(r + 1) * nb]);
         let mut r = r0;
         while r < r1 {
