@@ -29,6 +29,8 @@
 
 pub mod activation;
 pub mod attention;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dtype;
 pub mod error;
 pub mod flash;
