@@ -761,19 +761,107 @@ fn row_dot_scalar<const NX: usize>(wb: &[u8], ws: &[u8], xs: [&[f32]; NX]) -> [f
 /// +12 that makes the weights unsigned. Padding blocks of the last group keep
 /// `q = 0` and `d = 0`.
 fn quantize_activations_q8(x: &[f32], xq: &mut [u8], dx: &mut [f32], xc: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    if q8_available() {
+        // SAFETY: AVX-512 F/BW are present (checked just above).
+        return unsafe { quantize_activations_q8_avx512(x, xq, dx, xc) };
+    }
+    quantize_activations_q8_body(x, xq, dx, xc)
+}
+
+/// [`quantize_activations_q8`] with AVX-512 (the only CPUs that run the int8
+/// kernel): per block, evens and odds split with two permutes, max |x| by a
+/// vector reduction, round-to-nearest-even and saturating packs to bytes.
+/// Bit-identical to [`quantize_activations_q8_body`] (same products, same
+/// rounding), except that a block holding NaN gets `d = NaN` here (the plain
+/// loop's `f32::max` skips NaN) — both give non-finite outputs for ∞.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn quantize_activations_q8_avx512(x: &[f32], xq: &mut [u8], dx: &mut [f32], xc: &mut [i32]) {
+    use std::arch::x86_64::*;
+    let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    let (lo_c, hi_c) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+    for (b, blk) in x.chunks_exact(BLOCK_ELEMS).enumerate() {
+        // SAFETY: a block is 32 floats.
+        let (lo, hi) = unsafe {
+            (
+                _mm512_loadu_ps(blk.as_ptr()),
+                _mm512_loadu_ps(blk.as_ptr().add(16)),
+            )
+        };
+        let zero = _mm512_setzero_ps();
+        // x·0 is NaN exactly for ±∞ and NaN.
+        let finite = _mm512_reduce_add_ps(_mm512_add_ps(
+            _mm512_mul_ps(lo, zero),
+            _mm512_mul_ps(hi, zero),
+        )) == 0.0;
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        let d = amax / 127.0;
+        let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        dx[b] = if finite { d * 0.5 } else { f32::NAN };
+        let inv = _mm512_set1_ps(inv);
+        let q = |v: __m512| {
+            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_mul_ps(v, inv),
+            );
+            _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo_c), hi_c))
+        };
+        let qe = q(_mm512_permutex2var_ps(lo, even, hi));
+        let qo = q(_mm512_permutex2var_ps(lo, odd, hi));
+        let (g, k) = (b / 4, b % 4);
+        let base = g * 128 + k * 16;
+        // SAFETY: xq holds whole groups of 128 bytes; base + 64 + 16 ≤ 128·(g + 1).
+        unsafe {
+            _mm_storeu_si128(xq.as_mut_ptr().add(base).cast(), _mm512_cvtsepi32_epi8(qe));
+            _mm_storeu_si128(
+                xq.as_mut_ptr().add(base + 64).cast(),
+                _mm512_cvtsepi32_epi8(qo),
+            );
+        }
+        let mut sums = [0i32; 16];
+        // SAFETY: 16 i32 lanes into a 16-element array.
+        unsafe { _mm512_storeu_si512(sums.as_mut_ptr().cast(), _mm512_add_epi32(qe, qo)) };
+        for l in 0..4 {
+            xc[g * 16 + k * 4 + l] -=
+                12 * (sums[4 * l] + sums[4 * l + 1] + sums[4 * l + 2] + sums[4 * l + 3]);
+        }
+    }
+}
+
+/// The body of [`quantize_activations_q8`]: each block is split into its
+/// even and odd elements first, so every loop below is a plain lane-wise loop.
+#[inline(always)]
+fn quantize_activations_q8_body(x: &[f32], xq: &mut [u8], dx: &mut [f32], xc: &mut [i32]) {
+    const H: usize = BLOCK_ELEMS / 2;
     for (b, blk) in x.chunks_exact(BLOCK_ELEMS).enumerate() {
         let amax = blk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
         // NaN/∞ activations make d non-finite, so their outputs are non-finite too.
         dx[b] = if amax.is_finite() { d * 0.5 } else { f32::NAN };
+        let (mut ev, mut od) = ([0.0f32; H], [0.0f32; H]);
+        for j in 0..H {
+            ev[j] = blk[2 * j];
+            od[j] = blk[2 * j + 1];
+        }
+        let q = |v: f32| crate::q8::round_even(v * inv).clamp(-127.0, 127.0) as i8;
+        let (mut qe, mut qo) = ([0i8; H], [0i8; H]);
+        for j in 0..H {
+            qe[j] = q(ev[j]);
+            qo[j] = q(od[j]);
+        }
         let (g, k) = (b / 4, b % 4);
-        for j in 0..BLOCK_ELEMS / 2 {
-            let q = |v: f32| crate::q8::round_even(v * inv).clamp(-127.0, 127.0) as i8;
-            let (e, o) = (q(blk[2 * j]), q(blk[2 * j + 1]));
-            xq[g * 128 + k * 16 + j] = e as u8;
-            xq[g * 128 + 64 + k * 16 + j] = o as u8;
-            xc[g * 16 + (k * 16 + j) / 4] -= 12 * (e as i32 + o as i32);
+        let base = g * 128 + k * 16;
+        for j in 0..H {
+            xq[base + j] = qe[j] as u8;
+            xq[base + 64 + j] = qo[j] as u8;
+        }
+        for l in 0..H / 4 {
+            let s: i32 = (0..4)
+                .map(|t| qe[4 * l + t] as i32 + qo[4 * l + t] as i32)
+                .sum();
+            xc[g * 16 + k * 4 + l] -= 12 * s;
         }
     }
 }

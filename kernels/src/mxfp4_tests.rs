@@ -465,3 +465,42 @@ fn empty_products_leave_output_untouched_or_zero() {
     matmul_mxfp4(&[], 3, &[], &[], 1, 0, &mut out);
     assert_eq!(out, vec![0.0; 3]);
 }
+
+#[test]
+fn vector_activation_rounding_equals_the_plain_loop() {
+    if !q8_available() {
+        eprintln!("skipped: no AVX-512 VNNI on this CPU");
+        return;
+    }
+    let mut rng = Rng(77);
+    for blocks in [1usize, 3, 4, 18, 48] {
+        let cols = blocks * 32;
+        let ng = blocks.div_ceil(4);
+        // Exact halves after scaling (amax 127 → inv 1) exercise ties-to-even.
+        let mut x: Vec<f32> = (0..cols).map(|_| rng.f32() * 5.0).collect();
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = -3.5;
+        let (mut q1, mut d1, mut c1) = (
+            vec![0u8; ng * 128],
+            vec![0.0f32; ng * 4],
+            vec![0i32; ng * 16],
+        );
+        let (mut q2, mut d2, mut c2) = (q1.clone(), d1.clone(), c1.clone());
+        quantize_activations_q8_body(&x, &mut q1, &mut d1, &mut c1);
+        // SAFETY: q8_available() checked above.
+        unsafe { quantize_activations_q8_avx512(&x, &mut q2, &mut d2, &mut c2) };
+        assert_eq!(q1, q2, "{blocks} blocks: codes");
+        assert_eq!(d1, d2, "{blocks} blocks: scales");
+        assert_eq!(c1, c2, "{blocks} blocks: lane sums");
+    }
+    let mut x = vec![1.0f32; 32];
+    x[5] = f32::INFINITY;
+    let (mut q, mut d, mut c) = (vec![0u8; 128], vec![0.0f32; 4], vec![0i32; 16]);
+    // SAFETY: as above.
+    unsafe { quantize_activations_q8_avx512(&x, &mut q, &mut d, &mut c) };
+    assert!(
+        d[0].is_nan(),
+        "an infinite activation poisons its block scale"
+    );
+}
