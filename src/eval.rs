@@ -32,14 +32,13 @@
 use std::time::{Duration, Instant};
 
 use caracal_kernels::paged::KvPool;
-use caracal_kernels::threads::on_pool;
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::generate::{PAGE_SIZE, PREFILL_CHUNK};
-use crate::models::{CausalLm, LogitsMode, SeqBatch};
+use crate::generate::{forward_one, PAGE_SIZE, PREFILL_CHUNK};
+use crate::models::{CausalLm, LogitsMode};
 use crate::tokenizer::TextTokenizer;
 
 /// Settings of [`perplexity`].
@@ -237,16 +236,7 @@ fn window_logits(
         (&window[first..], LogitsMode::All),
     ] {
         for piece in part.chunks(PREFILL_CHUNK) {
-            let logits = on_pool(|| {
-                model.forward(
-                    &mut cache,
-                    &mut [SeqBatch {
-                        tokens: piece,
-                        state: &mut state,
-                        logits: mode,
-                    }],
-                )
-            })?;
+            let logits = forward_one(model, &mut cache, &mut state, piece, mode)?;
             out.extend_from_slice(&logits);
         }
     }

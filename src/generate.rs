@@ -12,7 +12,7 @@ use caracal_kernels::threads::on_pool;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::models::{self, CausalLm, LogitsMode, SeqBatch};
+use crate::models::{self, CausalLm, LogitsMode, SeqBatch, SeqState};
 use crate::tokenizer::TextTokenizer;
 
 /// Tokens per KV page used by single-sequence generation.
@@ -137,16 +137,7 @@ pub fn generate(
         } else {
             LogitsMode::None
         };
-        logits = on_pool(|| {
-            model.forward(
-                &mut cache,
-                &mut [SeqBatch {
-                    tokens: chunk,
-                    state: &mut state,
-                    logits: mode,
-                }],
-            )
-        })?;
+        logits = forward_one(model, &mut cache, &mut state, chunk, mode)?;
     }
     let mut out = Vec::new();
     let mut finish = FinishReason::Length;
@@ -167,16 +158,7 @@ pub fn generate(
         if out.len() == max_tokens {
             break;
         }
-        logits = on_pool(|| {
-            model.forward(
-                &mut cache,
-                &mut [SeqBatch {
-                    tokens: &[next],
-                    state: &mut state,
-                    logits: LogitsMode::Last,
-                }],
-            )
-        })?;
+        logits = forward_one(model, &mut cache, &mut state, &[next], LogitsMode::Last)?;
     }
     let decode_seconds = t1.elapsed().as_secs_f64();
     let decoded = out.len().saturating_sub(1);
@@ -195,6 +177,28 @@ pub fn generate(
     })
 }
 
+/// One forward of a single sequence, run on a rayon worker so the kernels'
+/// parallel calls skip the cross-thread hand-off (see
+/// [`caracal_kernels::threads`]).
+pub(crate) fn forward_one(
+    model: &dyn CausalLm,
+    cache: &mut KvPool,
+    state: &mut SeqState,
+    tokens: &[u32],
+    logits: LogitsMode,
+) -> Result<Vec<f32>> {
+    Ok(on_pool(|| {
+        model.forward(
+            cache,
+            &mut [SeqBatch {
+                tokens,
+                state,
+                logits,
+            }],
+        )
+    })?)
+}
+
 /// Logits of every prompt position (teacher forcing), for perplexity and tests.
 pub fn prompt_logits(model: &dyn CausalLm, ids: &[u32]) -> Result<Vec<f32>> {
     let info = model.info();
@@ -208,16 +212,13 @@ pub fn prompt_logits(model: &dyn CausalLm, ids: &[u32]) -> Result<Vec<f32>> {
     let mut state = model.new_state();
     let mut all = Vec::with_capacity(ids.len() * info.vocab_size);
     for chunk in ids.chunks(PREFILL_CHUNK) {
-        all.extend(on_pool(|| {
-            model.forward(
-                &mut cache,
-                &mut [SeqBatch {
-                    tokens: chunk,
-                    state: &mut state,
-                    logits: LogitsMode::All,
-                }],
-            )
-        })?);
+        all.extend(forward_one(
+            model,
+            &mut cache,
+            &mut state,
+            chunk,
+            LogitsMode::All,
+        )?);
     }
     Ok(all)
 }

@@ -364,6 +364,34 @@ struct Planned<'a> {
     data: OutData<'a>,
 }
 
+/// Q8_0 encoding of a `[rows, cols]` f32 weight
+/// ([`caracal_kernels::q8::quantize`]): the int8 values and the f32 block
+/// scales as little-endian bytes, and the summed squared error `Σ (w − d·q)²`.
+pub fn quantize_q8_0_matrix(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+) -> Result<(Vec<u8>, Vec<u8>, f64)> {
+    use caracal_kernels::q8;
+    let (qv, d) = q8::quantize(w, rows, cols)?;
+    let err = w
+        .par_chunks(q8::BLOCK)
+        .zip(qv.par_chunks(q8::BLOCK))
+        .zip(d.par_iter())
+        .map(|((wb, qb), &s)| {
+            wb.iter()
+                .zip(qb)
+                .map(|(&a, &c)| (a as f64 - c as f64 * s as f64).powi(2))
+                .sum::<f64>()
+        })
+        .sum::<f64>();
+    Ok((
+        qv.iter().map(|&v| v as u8).collect(),
+        d.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        err,
+    ))
+}
+
 /// The `quantization_config` written into `config.json`; `q8_tables` lists
 /// the token tables stored as Q8_0 (a second, int-quantized group).
 pub fn quantization_config(experts_only: bool, ignore: &[String], q8_tables: &[String]) -> Value {
@@ -541,53 +569,38 @@ pub fn quantize_checkpoint(
         let mut planned = Vec::with_capacity(shard.len() * 2);
         for &(name, q) in shard {
             let e = ckpt.entry(name)?.clone();
-            if q == Action::Q8_0 {
+            if q != Action::Keep {
                 let (rows, cols) = (e.shape[0], e.shape[1]);
                 let w = ckpt.tensor_f32(name, &e.shape)?;
                 sq_norm += w.par_iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>();
-                let (qv, d) = caracal_kernels::q8::quantize(&w, rows, cols)?;
-                sq_err += w
-                    .par_chunks(caracal_kernels::q8::BLOCK)
-                    .zip(qv.par_chunks(caracal_kernels::q8::BLOCK))
-                    .zip(d.par_iter())
-                    .map(|((wb, qb), &s)| {
-                        wb.iter()
-                            .zip(qb)
-                            .map(|(&a, &c)| (a as f64 - c as f64 * s as f64).powi(2))
-                            .sum::<f64>()
-                    })
-                    .sum::<f64>();
-                let base = name.strip_suffix(".weight").unwrap_or(name);
-                planned.push(Planned {
-                    name: name.to_string(),
-                    dtype: Dtype::I8,
-                    shape: vec![rows, cols],
-                    data: OutData::Owned(qv.iter().map(|&v| v as u8).collect()),
-                });
-                planned.push(Planned {
-                    name: format!("{base}.weight_scale"),
-                    dtype: Dtype::F32,
-                    shape: vec![rows, cols / BLOCK_ELEMS],
-                    data: OutData::Owned(d.iter().flat_map(|v| v.to_le_bytes()).collect()),
-                });
-            } else if q == Action::Mxfp4 {
-                let (rows, cols) = (e.shape[0], e.shape[1]);
-                let w = ckpt.tensor_f32(name, &e.shape)?;
-                sq_norm += w.par_iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>();
-                let (packed, scales, err) = quantize_matrix(&w, rows, cols, opts.scale_rule)?;
-                sq_err += err;
                 let base = name
                     .strip_suffix(".weight")
-                    .expect("should_quantize checked the suffix");
-                planned.push(Planned {
-                    name: format!("{base}.weight_packed"),
-                    dtype: Dtype::U8,
-                    shape: vec![rows, cols / 2],
-                    data: OutData::Owned(packed),
-                });
+                    .expect("should_quantize and is_token_table checked the suffix");
+                // The values tensor, the scales' bytes and dtype, the squared error.
+                let (values, scales, scale_dtype, err) = if q == Action::Q8_0 {
+                    let (v, d, err) = quantize_q8_0_matrix(&w, rows, cols)?;
+                    let values = Planned {
+                        name: name.to_string(),
+                        dtype: Dtype::I8,
+                        shape: vec![rows, cols],
+                        data: OutData::Owned(v),
+                    };
+                    (values, d, Dtype::F32, err)
+                } else {
+                    let (packed, scales, err) = quantize_matrix(&w, rows, cols, opts.scale_rule)?;
+                    let values = Planned {
+                        name: format!("{base}.weight_packed"),
+                        dtype: Dtype::U8,
+                        shape: vec![rows, cols / 2],
+                        data: OutData::Owned(packed),
+                    };
+                    (values, scales, Dtype::U8, err)
+                };
+                sq_err += err;
+                planned.push(values);
                 planned.push(Planned {
                     name: format!("{base}.weight_scale"),
-                    dtype: Dtype::U8,
+                    dtype: scale_dtype,
                     shape: vec![rows, cols / BLOCK_ELEMS],
                     data: OutData::Owned(scales),
                 });

@@ -382,17 +382,11 @@ impl Matrix {
             }
             DType::Q8_0 => {
                 let nb = self.cols / crate::q8::BLOCK;
-                let q = &self.q8_values()[range];
-                let d = &self.q8_scales()[r * nb..(r + 1) * nb];
-                for ((o, qb), &s) in out
-                    .chunks_exact_mut(crate::q8::BLOCK)
-                    .zip(q.chunks_exact(crate::q8::BLOCK))
-                    .zip(d)
-                {
-                    for (v, &c) in o.iter_mut().zip(qb) {
-                        *v = c as f32 * s;
-                    }
-                }
+                crate::q8::dequantize_into(
+                    &self.q8_values()[range],
+                    &self.q8_scales()[r * nb..(r + 1) * nb],
+                    out,
+                );
             }
         }
     }

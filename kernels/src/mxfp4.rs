@@ -455,31 +455,17 @@ fn matmul_q8(
     }
     let ng = (cols / BLOCK_ELEMS).div_ceil(4);
     // Decode calls this a few hundred times per token: reuse this thread's
-    // buffers unless a nested call on the same thread holds them.
+    // buffers. They are taken out for the call, so a nested call on the same
+    // thread (work stealing) simply starts with empty ones.
     thread_local! {
         static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<f32>, Vec<i32>)> =
             const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
     }
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut bufs) => {
-            let (xq, dx, xc) = &mut *bufs;
-            q8_with_buffers(slice, x, n, blocks, scales, rows, cols, out, ng, xq, dx, xc)
-        }
-        Err(_) => q8_with_buffers(
-            slice,
-            x,
-            n,
-            blocks,
-            scales,
-            rows,
-            cols,
-            out,
-            ng,
-            &mut Vec::new(),
-            &mut Vec::new(),
-            &mut Vec::new(),
-        ),
-    });
+    let (mut xq, mut dx, mut xc) = SCRATCH.with(|cell| cell.take());
+    q8_with_buffers(
+        slice, x, n, blocks, scales, rows, cols, out, ng, &mut xq, &mut dx, &mut xc,
+    );
+    SCRATCH.with(|cell| *cell.borrow_mut() = (xq, dx, xc));
 }
 
 /// [`matmul_q8`] with the prepared-activation buffers supplied (resized here).

@@ -109,10 +109,33 @@ pub fn quantize(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<i8>, Vec<f32
 /// The plain decoder: `w = d · q` for every element of `[rows, cols]`.
 pub fn dequantize(q: &[i8], d: &[f32], rows: usize, cols: usize) -> Result<Vec<f32>> {
     check_layout("q8::dequantize", q.len(), d.len(), rows, cols)?;
-    Ok(q.chunks_exact(BLOCK)
+    let mut out = vec![0.0f32; q.len()];
+    dequantize_into(q, d, &mut out);
+    Ok(out)
+}
+
+/// [`dequantize`] into `out` for whole blocks (one row, for embedding
+/// lookups): `out[i] = d[i / 32] · q[i]`.
+///
+/// # Panics
+/// Unless `q` and `out` hold `32 · d.len()` values.
+pub fn dequantize_into(q: &[i8], d: &[f32], out: &mut [f32]) {
+    assert!(
+        q.len() == d.len() * BLOCK && out.len() == q.len(),
+        "q8::dequantize_into: {} values, {} scales, {} outputs",
+        q.len(),
+        d.len(),
+        out.len()
+    );
+    for ((o, qb), &s) in out
+        .chunks_exact_mut(BLOCK)
+        .zip(q.chunks_exact(BLOCK))
         .zip(d)
-        .flat_map(|(qb, &s)| qb.iter().map(move |&v| v as f32 * s))
-        .collect())
+    {
+        for (v, &c) in o.iter_mut().zip(qb) {
+            *v = c as f32 * s;
+        }
+    }
 }
 
 /// `out[n, rows] = x[n, cols] · Wᵀ` with `W` in Q8_0 (see the module docs for
@@ -288,41 +311,32 @@ fn matmul_int8(
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: VNNI checked by the caller; lengths follow from check_layout.
                 unsafe {
+                    // Weight rows r + m0 .. r + m0 + MW against activation rows i .. i + NX.
                     macro_rules! call {
-                        ($mw:literal, $nx:literal) => {{
-                            let w: [(&[i8], &[f32]); $mw] = std::array::from_fn(|m| row(r + m));
+                        ($mw:literal, $nx:literal, $m0:expr) => {{
+                            let m0 = $m0;
+                            let w: [(&[i8], &[f32]); $mw] =
+                                std::array::from_fn(|m| row(r + m0 + m));
                             let t = x86::dot_int8::<$mw, $nx>(w, &xr, i);
-                            for (ym, tm) in y.iter_mut().zip(&t) {
+                            for (ym, tm) in y[m0..].iter_mut().zip(&t) {
                                 ym[..$nx].copy_from_slice(tm);
                             }
                         }};
                     }
                     match (mw, nx) {
-                        (4, 4) => call!(4, 4),
-                        (4, 3) => call!(4, 3),
-                        (4, 2) => call!(4, 2),
-                        (4, 1) => call!(4, 1),
-                        (_, 4) => {
-                            for m in 0..mw {
-                                let w = [row(r + m)];
-                                y[m] = x86::dot_int8::<1, 4>(w, &xr, i)[0];
-                            }
-                        }
-                        (_, 3) => {
-                            for m in 0..mw {
-                                let t = x86::dot_int8::<1, 3>([row(r + m)], &xr, i)[0];
-                                y[m][..3].copy_from_slice(&t);
-                            }
-                        }
-                        (_, 2) => {
-                            for m in 0..mw {
-                                let t = x86::dot_int8::<1, 2>([row(r + m)], &xr, i)[0];
-                                y[m][..2].copy_from_slice(&t);
-                            }
-                        }
+                        (4, 4) => call!(4, 4, 0),
+                        (4, 3) => call!(4, 3, 0),
+                        (4, 2) => call!(4, 2, 0),
+                        (4, 1) => call!(4, 1, 0),
+                        // The last rows of a range, one at a time.
                         _ => {
                             for m in 0..mw {
-                                y[m][0] = x86::dot_int8::<1, 1>([row(r + m)], &xr, i)[0][0];
+                                match nx {
+                                    4 => call!(1, 4, m),
+                                    3 => call!(1, 3, m),
+                                    2 => call!(1, 2, m),
+                                    _ => call!(1, 1, m),
+                                }
                             }
                         }
                     }

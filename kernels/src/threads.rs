@@ -10,14 +10,10 @@
 //! round trip is paid once per step instead of once per kernel.
 
 /// Runs `f` on a worker of the global rayon pool and returns its result.
-/// From a thread that already is a worker, `f` runs in place.
+/// From a thread that already is a worker, `f` runs in place (that is what
+/// `rayon::scope` does with its closure).
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_thread_index().is_some() {
-        return f();
-    }
-    let mut result = None;
-    rayon::scope(|_| result = Some(f()));
-    result.expect("rayon::scope runs its closure before returning")
+    rayon::scope(|_| f())
 }
 
 #[cfg(test)]
