@@ -39,7 +39,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::generate::{forward_one, PAGE_SIZE, PREFILL_CHUNK};
 use crate::models::{CausalLm, LogitsMode};
-use crate::tokenizer::TextTokenizer;
+use crate::text::tokenizer::TextTokenizer;
 
 /// Settings of [`perplexity`].
 #[derive(Debug, Clone)]

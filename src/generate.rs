@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::models::{self, CausalLm, LogitsMode, SeqBatch, SeqState};
-use crate::tokenizer::TextTokenizer;
+use crate::text::tokenizer::TextTokenizer;
 
 /// Tokens per KV page used by single-sequence generation.
 pub const PAGE_SIZE: usize = 16;

@@ -1,40 +1,45 @@
 //! # caracal
 //!
-//! The model side of Caracal: checkpoint loading, model architectures,
-//! tokenizers and chat templates, single-sequence generation, and the CLI.
-//! Kernels live in `caracal-kernels`, actors in `caracal-actors`, media in
-//! `caracal-media`.
+//! The model side of Caracal: checkpoints, model architectures, tokenizers,
+//! chat templates and tool-call formats, single-sequence generation, offline
+//! converters and the memory planner. Kernels live in `caracal-kernels`, the
+//! actor runtime in `caracal-actors`, media in `caracal-media`; the `caracal`
+//! binary (`src/main.rs`, `src/cli/`) drives these modules.
 //!
-//! Modules:
-//! - [`checkpoint`]: memory-mapped safetensors (single or sharded) and typed tensor access.
-//! - [`config`]: `config.json` / `generation_config.json` reading, RoPE settings.
-//! - [`models`]: one file per architecture and the [`models::CausalLm`] trait.
-//! - [`tokenizer`]: `tokenizer.json` wrapper and streaming detokenizer.
-//! - [`chat`]: Jinja chat templates.
+//! Modules, grouped by role:
+//! - [`checkpoint`]: memory-mapped safetensors (single or sharded), typed tensor
+//!   access, `config.json` reading ([`checkpoint::config`]) and `caracal inspect`
+//!   ([`checkpoint::inspect`]).
+//! - [`models`]: one file per architecture, shared blocks in [`models::layers`],
+//!   and [`models::load`].
+//! - [`text`]: tokenizers (`tokenizer.json`, Kimi tiktoken) and the streaming
+//!   detokenizer.
+//! - [`chat`]: Jinja chat templates and each model's tool-call format
+//!   ([`chat::toolcall`]).
+//! - [`request`]: validation of generation settings at the edge into a
+//!   [`caracal_actors::messages::ValidRequest`].
 //! - [`generate`]: prefill + decode of one sequence with timing.
-//! - [`gguf`]: GGUF reading, dequantisation and import to a checkpoint folder.
-//!
-//! The `caracal` binary (`src/main.rs`, `src/cli/`) drives these modules.
+//! - [`eval`]: perplexity on a text file.
+//! - [`convert`]: offline converters (GGUF import, MXFP4 quantization, moeify,
+//!   synthesized checkpoints, the shared safetensors writer).
+//! - [`plan`]: memory plans of a model on given devices.
+//! - [`units`]: sizes as written on command lines (`512MiB`, `1.5TB`).
+//! - [`paths`]: Caracal's own cache folder.
+//! - [`error`]: the crate's error enum and `Result` alias.
 
 #![recursion_limit = "256"]
 
 pub mod chat;
 pub mod checkpoint;
-pub mod config;
+pub mod convert;
 pub mod error;
-pub mod export;
+pub mod eval;
 pub mod generate;
-pub mod gguf;
 pub mod models;
+pub mod paths;
+pub mod plan;
 pub mod request;
-pub mod tokenizer;
+pub mod text;
+pub mod units;
 
 pub use error::{Error, Result};
-pub mod eval;
-pub mod inspect;
-pub mod moeify;
-pub mod plan;
-pub mod quantize;
-pub mod synth;
-pub mod tiktoken;
-pub mod toolcall;

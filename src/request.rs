@@ -9,7 +9,7 @@ use caracal_actors::messages::{StopConditions, ValidRequest};
 use caracal_kernels::sampling::SamplingParams;
 use serde::Deserialize;
 
-use crate::tokenizer::TextTokenizer;
+use crate::text::tokenizer::TextTokenizer;
 
 /// Largest `max_tokens` a request may ask for.
 pub const MAX_OUTPUT_TOKENS: usize = 32768;

@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+use caracal::convert::gguf::{import_gguf, ImportOptions, OutDtype};
 use caracal::eval::{perplexity, tokenize_like_llama_cpp, PplOptions};
 use caracal::generate::{prompt_logits, LoadedModel};
-use caracal::gguf::{import_gguf, ImportOptions, OutDtype};
 
 const GPL3: &str = "/usr/share/common-licenses/GPL-3";
 

@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use caracal::chat::{render, ChatMessage};
+use caracal::convert::gguf::{import_gguf, ImportOptions};
+use caracal::convert::moeify::{moeify_checkpoint, MoeifyOptions, Variant};
 use caracal::generate::{generate, prompt_logits, GenerateRequest, LoadedModel};
-use caracal::gguf::{import_gguf, ImportOptions};
 use caracal::models::{CausalLm, ExpertDispatch, ExpertFfn};
-use caracal::moeify::{moeify_checkpoint, MoeifyOptions, Variant};
 use caracal_actors::engine::run_experts_local;
 use caracal_actors::messages::{StopConditions, TokenEvent, ValidRequest};
 use caracal_actors::runtime::{Engine, EngineConfig};

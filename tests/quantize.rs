@@ -6,10 +6,10 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use caracal::checkpoint::inspect::{inspect, inspect_checkpoint, InspectReport};
 use caracal::checkpoint::Checkpoint;
+use caracal::convert::quantize::{quantize_checkpoint, QuantizeOptions};
 use caracal::generate::{generate, prompt_logits, GenerateRequest, LoadedModel};
-use caracal::inspect::{inspect, inspect_checkpoint, InspectReport};
-use caracal::quantize::{quantize_checkpoint, QuantizeOptions};
 use caracal_kernels::sampling::SamplingParams;
 use caracal_kernels::{DType, Matrix};
 use safetensors::tensor::TensorView;
@@ -686,7 +686,12 @@ fn smollm2_mxfp4_perplexity_stays_near_bf16() {
     }
     let bf16 = TempDir::new("smollm2-bf16");
     let mx = TempDir::new("smollm2-mxfp4");
-    caracal::gguf::import_gguf(&gguf, &bf16.0, &caracal::gguf::ImportOptions::default()).unwrap();
+    caracal::convert::gguf::import_gguf(
+        &gguf,
+        &bf16.0,
+        &caracal::convert::gguf::ImportOptions::default(),
+    )
+    .unwrap();
     let report = quantize_checkpoint(&bf16.0, &mx.0, &QuantizeOptions::default()).unwrap();
     assert_eq!(
         report.quantized,

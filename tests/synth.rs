@@ -6,15 +6,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use caracal::chat::toolcall::{render_k3, K3Options, Message};
+use caracal::checkpoint::config::read_json;
 use caracal::checkpoint::{Checkpoint, StoredDType};
-use caracal::config::read_json;
-use caracal::generate::{generate, prompt_logits, GenerateRequest, LoadedModel};
-use caracal::synth::{
+use caracal::convert::synth::{
     default_model_dir, is_current_synth, synthesize, K3Shape, SynthOptions, DEFAULT_SEED,
     K3_SPECIAL_TOKENS, KIMI_NUM_RANKS, SYNTH_VERSION,
 };
-use caracal::tokenizer::{ChatFormat, StreamDecoder, TextTokenizer};
-use caracal::toolcall::{render_k3, K3Options, Message};
+use caracal::generate::{generate, prompt_logits, GenerateRequest, LoadedModel};
+use caracal::text::tokenizer::{ChatFormat, StreamDecoder, TextTokenizer};
 use caracal_kernels::sampling::SamplingParams;
 
 /// A fresh folder under Cargo's per-target temp dir (stale copies are removed).

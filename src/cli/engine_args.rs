@@ -39,30 +39,14 @@ pub struct EngineArgs {
     pub session_ttl: u64,
 }
 
-/// Parses `123`, `64KiB`, `512MiB`, `2GiB`, `1GB`.
-pub fn parse_bytes(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size (examples: 512MiB, 2GiB)"))?;
-    let mult = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kib" => 1024.0,
-        "mib" => 1024.0 * 1024.0,
-        "gib" => 1024.0 * 1024.0 * 1024.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        other => {
-            return Err(format!(
-                "unknown size unit `{other}` (use B, KiB, MiB, GiB, KB, MB, GB)"
-            ))
-        }
-    };
-    Ok((n * mult) as usize)
+/// `--kv-cache-memory` through the one size parser ([`caracal::units::parse_bytes`]).
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    caracal::units::parse_bytes(s)
+        .map_err(|e| e.to_string())
+        .and_then(|b| {
+            usize::try_from(b)
+                .map_err(|_| format!("`{s}` does not fit this machine's address space"))
+        })
 }
 
 impl EngineArgs {

@@ -4,10 +4,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Result};
+use caracal::chat::toolcall::{render_k2, render_k3, K3Options, Message};
 use caracal::chat::{render, ChatMessage};
 use caracal::generate::{generate, GenerateRequest};
-use caracal::tokenizer::{ChatFormat, StreamDecoder};
-use caracal::toolcall::{render_k2, render_k3, K3Options, Message};
+use caracal::text::tokenizer::{ChatFormat, StreamDecoder};
 use caracal_kernels::sampling::SamplingParams;
 use clap::Args;
 

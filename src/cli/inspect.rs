@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use caracal::inspect::{inspect, InspectReport};
+use caracal::checkpoint::inspect::{inspect, InspectReport};
 use clap::Args;
 
 /// Arguments of `caracal inspect`.

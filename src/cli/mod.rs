@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use caracal::generate::LoadedModel;
-use caracal::tokenizer::TextTokenizer;
+use caracal::text::tokenizer::TextTokenizer;
 use clap::{Parser, Subcommand};
 
 /// Caracal: serve Kimi-family multimodal MoE models to agents.
@@ -97,7 +97,7 @@ fn model_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
     match arg {
         Some(dir) => Ok(dir),
         None => {
-            let dir = caracal::synth::default_model_dir()
+            let dir = caracal::convert::synth::default_model_dir()
                 .context("preparing the default model (pass --model DIR to use another)")?;
             eprintln!(
                 "no --model given: using the built-in tiny Kimi K3 with random weights at {}",

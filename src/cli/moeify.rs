@@ -1,12 +1,12 @@
 //! `caracal moeify IN_DIR OUT_DIR [--experts 8] [--top-k 2]
 //! [--shared-fraction 0.33] [--variant copy|split]`: turn a dense `llama`
 //! checkpoint into a Kimi K2-style MoE with the same output (see
-//! `caracal::moeify`).
+//! `caracal::convert::moeify`).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use caracal::moeify::{moeify_checkpoint, MoeifyOptions, Variant};
+use caracal::convert::moeify::{moeify_checkpoint, MoeifyOptions, Variant};
 use clap::{Args, ValueEnum};
 
 /// How routed experts are made.

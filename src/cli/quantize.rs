@@ -1,10 +1,10 @@
 //! `caracal quantize --to mxfp4 IN_DIR OUT_DIR [--experts-only]`: write an
-//! MXFP4 copy of a checkpoint (see `caracal::quantize`).
+//! MXFP4 copy of a checkpoint (see `caracal::convert::quantize`).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use caracal::quantize::{quantize_checkpoint, QuantizeOptions, ScaleRule, TableFormat};
+use caracal::convert::quantize::{quantize_checkpoint, QuantizeOptions, ScaleRule, TableFormat};
 use clap::{Args, ValueEnum};
 
 /// Target formats of `caracal quantize`.

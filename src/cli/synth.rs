@@ -1,12 +1,12 @@
 //! `caracal synth --arch kimi_k3 --preset tiny OUT_DIR`: write a
 //! deterministic random checkpoint in a published layout
-//! ([`caracal::synth`]).
+//! ([`caracal::convert::synth`]).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use caracal::synth::{synthesize, Arch, Preset, SynthOptions, DEFAULT_SEED};
+use caracal::convert::synth::{synthesize, Arch, Preset, SynthOptions, DEFAULT_SEED};
 use clap::Args;
 
 /// Arguments of `caracal synth`.

@@ -27,8 +27,8 @@ use super::layers::{add_inplace, embed, logits, BatchLayout, GluAct, Mlp, RmsNor
 use super::{
     CausalLm, EngineError, ExpertDispatch, ExpertFfn, ModelInfo, MoeModel, SeqBatch, SeqState,
 };
+use crate::checkpoint::config::{defaults, parse_config};
 use crate::checkpoint::Checkpoint;
-use crate::config::{defaults, parse_config};
 use crate::error::{Error, Result};
 
 /// `linear_attn_config` of Kimi Linear.

@@ -39,8 +39,8 @@ use super::layers::{add_inplace, embed, logits, BatchLayout, GluAct, Mlp, RmsNor
 use super::{
     CausalLm, EngineError, ExpertDispatch, ExpertFfn, ModelInfo, MoeModel, SeqBatch, SeqState,
 };
+use crate::checkpoint::config::{defaults, parse_config, rope_from_config};
 use crate::checkpoint::Checkpoint;
-use crate::config::{defaults, parse_config, rope_from_config};
 use crate::error::{Error, Result};
 
 /// `config.json` of a `llama` checkpoint (absent keys get transformers' defaults).

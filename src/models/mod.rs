@@ -21,8 +21,8 @@ pub mod llama;
 
 use std::path::Path;
 
+use crate::checkpoint::config::{eos_ids, model_type, read_json};
 use crate::checkpoint::Checkpoint;
-use crate::config::{eos_ids, model_type, read_json};
 use crate::error::{Error, Result};
 
 pub use caracal_actors::engine::{

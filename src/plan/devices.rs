@@ -142,37 +142,9 @@ impl DeviceSpec {
     }
 }
 
-/// Parses a byte size: `512GB`, `480 GiB`, `1.5TB`, `2TiB`, `800MB`, or a plain number of bytes.
-/// Decimal units (`KB`, `MB`, `GB`, `TB`) are powers of 1000, binary (`KiB`…`TiB`) of 1024.
+/// Parses a `--memory` size through the one size parser ([`crate::units::parse_bytes`]).
 pub fn parse_bytes(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = (t[..split].trim(), t[split..].trim());
-    let bad = || {
-        Error::Config(format!(
-            "--memory `{s}`: expected a size like 512GB, 480GiB or 1.5TB"
-        ))
-    };
-    let value: f64 = num.parse().map_err(|_| bad())?;
-    let scale = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kb" | "k" => 1e3,
-        "mb" | "m" => 1e6,
-        "gb" | "g" => 1e9,
-        "tb" | "t" => 1e12,
-        "kib" => 1024.0,
-        "mib" => 1024f64.powi(2),
-        "gib" => 1024f64.powi(3),
-        "tib" => 1024f64.powi(4),
-        _ => return Err(bad()),
-    };
-    let bytes = value * scale;
-    if !bytes.is_finite() || bytes <= 0.0 || bytes > u64::MAX as f64 {
-        return Err(bad());
-    }
-    Ok(bytes.round() as u64)
+    crate::units::parse_bytes(s).map_err(|e| Error::Config(format!("--memory {e}")))
 }
 
 #[cfg(test)]

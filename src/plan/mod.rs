@@ -693,5 +693,4 @@ pub fn run_plan(args: &PlanArgs) -> Result<String> {
 }
 
 #[cfg(test)]
-#[path = "plan_tests.rs"]
 mod tests;

@@ -60,10 +60,10 @@ use rayon::prelude::*;
 use safetensors::tensor::TensorView;
 use serde_json::{json, Value};
 
+use crate::checkpoint::config::{parse_config, read_json};
 use crate::checkpoint::{Checkpoint, StoredDType};
-use crate::config::{parse_config, read_json};
+use crate::convert::export::{bad_write, copy_side_files, st_dtype, write_json};
 use crate::error::{Error, Result};
-use crate::export::{bad_write, copy_side_files, st_dtype, write_json};
 use crate::models::llama::{LlamaConfig, LlamaMoeConfig};
 
 /// How routed experts are made from the dense MLP's routed neurons.
@@ -847,5 +847,4 @@ pub fn moeify_checkpoint(
 }
 
 #[cfg(test)]
-#[path = "moeify_tests.rs"]
 mod tests;

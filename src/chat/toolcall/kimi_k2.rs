@@ -387,7 +387,7 @@ mod tests {
     use super::*;
     use minijinja::{Environment, Value};
 
-    const TEMPLATE: &str = include_str!("../../tests/fixtures/templates/Kimi-K2-Instruct.jinja");
+    const TEMPLATE: &str = include_str!("../../../tests/fixtures/templates/Kimi-K2-Instruct.jinja");
 
     /// Renders the published template with minijinja as `chat::render` sets
     /// it up. minijinja lists are immutable, so the template's two list

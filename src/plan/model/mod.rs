@@ -17,8 +17,8 @@ use serde_json::Value;
 
 use super::parse::{kimi_k2_config, kimi_k3_config, kimi_linear_config, parse_text, parse_vision};
 use super::weights::WeightScheme;
+use crate::checkpoint::config::read_json;
 use crate::checkpoint::Checkpoint;
-use crate::config::read_json;
 use crate::error::{Error, Result};
 
 /// A part of the model whose parameters and bytes are reported separately.
@@ -1018,5 +1018,4 @@ impl Specs {
 }
 
 #[cfg(test)]
-#[path = "model_tests.rs"]
 mod tests;

@@ -321,7 +321,7 @@ pub fn k3_config(s: &K3Shape, seed: u64) -> Value {
         "pad_token_id": PAD_ID,
         "tie_word_embeddings": false,
         "torch_dtype": "bfloat16",
-        "quantization_config": crate::quantize::quantization_config(true, &ignore, &[]),
+        "quantization_config": crate::convert::quantize::quantization_config(true, &ignore, &[]),
         "synth_version": SYNTH_VERSION,
         "synth": {"generator": "caracal synth", "arch": "kimi_k3", "preset": preset, "seed": seed,
                   "note": "random weights with Kimi K3's layout; not a trained model"},

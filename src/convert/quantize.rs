@@ -63,10 +63,10 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use serde_json::{json, Value};
 
+use crate::checkpoint::config::read_json;
 use crate::checkpoint::{Checkpoint, StoredDType};
-use crate::config::read_json;
+use crate::convert::export::{bad_write, copy_side_files, st_dtype, write_json};
 use crate::error::{Error, Result};
-use crate::export::{bad_write, copy_side_files, st_dtype, write_json};
 
 /// How a block's shared exponent is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -36,7 +36,7 @@ use fancy_regex::Regex;
 use rustc_hash::FxHashMap;
 use serde_json::Value;
 
-use crate::config::read_json;
+use crate::checkpoint::config::read_json;
 use crate::error::{Error, Result};
 
 /// Kimi's pre-tokenisation regex (`TikTokenTokenizer.pat_str`), verbatim.
@@ -671,5 +671,4 @@ impl ByteStreamDecoder {
 }
 
 #[cfg(test)]
-#[path = "tiktoken_tests.rs"]
 mod tests;

@@ -7,30 +7,30 @@
 //!   DeepSeek and every converted checkpoint;
 //! - Kimi's tiktoken format, `tiktoken.model` (a BPE rank file) plus the
 //!   special tokens of `tokenizer_config.json`
-//!   ([`crate::tiktoken::TiktokenTokenizer`]), which is what Kimi K2, K2.5,
+//!   ([`crate::text::tiktoken::TiktokenTokenizer`]), which is what Kimi K2, K2.5,
 //!   Kimi-Linear and K3 ship.
 //!
 //! `tokenizer.json` wins when a folder has both. Either way
 //! `tokenizer_config.json` adds the chat template and the BOS/EOS strings,
 //! and [`TextTokenizer::chat_format`] says how chat prompts are rendered: the
 //! Jinja template if there is one, else Kimi K3's XTML format
-//! ([`crate::toolcall::render_k3`]) or Kimi K2's ([`crate::toolcall::render_k2`]),
+//! ([`crate::chat::toolcall::render_k3`]) or Kimi K2's ([`crate::chat::toolcall::render_k2`]),
 //! recognised by `config.json`'s `model_type` or by the specials the
 //! tokenizer registers.
 //!
 //! [`StreamDecoder`] turns a growing list of ids into text deltas without
 //! ever emitting half of a multi-byte character: on the tiktoken backend it
 //! holds back the bytes of an incomplete UTF-8 sequence
-//! ([`crate::tiktoken::ByteStreamDecoder`]); on the HF backend it re-decodes
+//! ([`crate::text::tiktoken::ByteStreamDecoder`]); on the HF backend it re-decodes
 //! a short window and holds back a trailing U+FFFD.
 
 use std::path::Path;
 
 use serde_json::Value;
 
-use crate::config::read_json;
+use crate::checkpoint::config::read_json;
 use crate::error::{Error, Result};
-use crate::tiktoken::{ByteStreamDecoder, TiktokenTokenizer};
+use crate::text::tiktoken::{ByteStreamDecoder, TiktokenTokenizer};
 
 /// Special tokens whose presence marks Kimi K3's XTML chat format.
 const K3_MARKERS: [&str; 3] = ["<|open|>", "<|sep|>", "<|end_of_msg|>"];
@@ -51,11 +51,11 @@ enum Backend {
 pub enum ChatFormat {
     /// Render with this Jinja template ([`crate::chat::render`]).
     Jinja(String),
-    /// Kimi K3's XTML format ([`crate::toolcall::render_k3`]); K3 ships no
+    /// Kimi K3's XTML format ([`crate::chat::toolcall::render_k3`]); K3 ships no
     /// Jinja template, its renderer is Python (`encoding_k3.py`).
     KimiK3,
     /// Kimi K2's `<|im_user|>…<|im_middle|>…<|im_end|>` format
-    /// ([`crate::toolcall::render_k2`]), for Kimi folders without a template.
+    /// ([`crate::chat::toolcall::render_k2`]), for Kimi folders without a template.
     KimiK2,
 }
 

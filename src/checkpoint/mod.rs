@@ -11,6 +11,12 @@
 //! `{base}.weight_scale` when `{base}.weight` is absent, and
 //! [`Checkpoint::fused_expert_matrix`] slices one expert out of gpt-oss style
 //! `{base}_blocks` + `{base}_scales` (or a fused float `{base}`) tensors.
+//!
+//! Children: [`config`] reads `config.json` / `generation_config.json`;
+//! [`inspect`] reports a checkpoint's tensors, dtypes and MXFP4 scale statistics.
+
+pub mod config;
+pub mod inspect;
 
 use std::collections::HashMap;
 use std::fs::File;

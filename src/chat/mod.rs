@@ -4,6 +4,11 @@
 //! `tools`, `add_generation_prompt`, `bos_token`, `eos_token`, plus
 //! `raise_exception` and Python string/dict methods (`minijinja-contrib`'s
 //! pycompat), so published templates render unchanged.
+//!
+//! Child: [`toolcall`] renders and incrementally parses each model's own
+//! tool-call format (Kimi K2 sections, K3 XTML).
+
+pub mod toolcall;
 
 use minijinja::{Environment, ErrorKind, Value};
 use serde::Serialize;

@@ -47,7 +47,7 @@
 //! `model-00001-of-00002.safetensors` (everything but the routed experts),
 //! `model-00002-of-00002.safetensors` (routed experts) and
 //! `model.safetensors.index.json`. No chat template: K3 ships none, its
-//! prompts are rendered by [`crate::toolcall::render_k3`].
+//! prompts are rendered by [`crate::chat::toolcall::render_k3`].
 //!
 //! [`default_model_dir`] is the model of commands run without `--model`:
 //! `$CARACAL_CACHE/kimi-k3-tiny` or `~/.cache/caracal/kimi-k3-tiny`, made on
@@ -66,7 +66,7 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use serde_json::{json, Value};
 
-use crate::config::read_json;
+use crate::checkpoint::config::read_json;
 use crate::error::{Error, Result};
 
 /// Version of the synthesized layout and weights. Bump it whenever the
@@ -187,7 +187,6 @@ pub struct SynthSummary {
     pub bytes: u64,
 }
 
-#[path = "synth_shape.rs"]
 mod shape;
 pub use shape::{k3_config, k3_text_config, k3_vision_config, K3Shape};
 
@@ -796,19 +795,6 @@ pub fn synthesize(out_dir: &Path, opts: &SynthOptions) -> Result<SynthSummary> {
 // Default model
 // ---------------------------------------------------------------------------
 
-/// Caracal's cache folder: `$CARACAL_CACHE`, else `$HOME/.cache/caracal`.
-pub fn cache_root() -> Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("CARACAL_CACHE").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(dir));
-    }
-    match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
-        Some(home) => Ok(PathBuf::from(home).join(".cache").join("caracal")),
-        None => Err(Error::Config(
-            "cannot place the default model: set CARACAL_CACHE or HOME, or pass --model".into(),
-        )),
-    }
-}
-
 /// Whether `dir` holds a complete synthesized model of this [`SYNTH_VERSION`].
 pub fn is_current_synth(dir: &Path) -> bool {
     let Ok(config) = read_json(&dir.join("config.json"), "config.json") else {
@@ -889,11 +875,10 @@ pub fn ensure_synth_model(dir: &Path, opts: &SynthOptions) -> Result<bool> {
 /// The default model's folder (`cache_root()/kimi-k3-tiny`), synthesized on
 /// first use and remade when an older synth version wrote it.
 pub fn default_model_dir() -> Result<PathBuf> {
-    let dir = cache_root()?.join(DEFAULT_MODEL_NAME);
+    let dir = crate::paths::cache_root()?.join(DEFAULT_MODEL_NAME);
     ensure_synth_model(&dir, &SynthOptions::default())?;
     Ok(dir)
 }
 
 #[cfg(test)]
-#[path = "synth_tests.rs"]
 mod tests;

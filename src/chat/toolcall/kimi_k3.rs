@@ -384,7 +384,7 @@ mod tests {
     use minijinja::value::Kwargs;
     use minijinja::{Environment, ErrorKind, Value};
 
-    const TEMPLATE: &str = include_str!("../../tests/fixtures/templates/Kimi-K3.jinja");
+    const TEMPLATE: &str = include_str!("../../../tests/fixtures/templates/Kimi-K3.jinja");
 
     /// `json.dumps`' default layout: `", "` between items, `": "` after keys.
     struct PythonFormatter;
