@@ -60,13 +60,101 @@ pub enum StopSpec {
     Many(Vec<String>),
 }
 
-/// A request that failed validation; the message names the field.
+/// A request that failed validation. Each variant names the field and the
+/// limit it broke; [`ValidationError::code`] is a stable string for clients.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{0}")]
-pub struct ValidationError(pub String);
+pub enum ValidationError {
+    /// Both `prompt` and `prompt_ids` were given.
+    #[error("give either `prompt` or `prompt_ids`, not both")]
+    PromptAndIds,
+    /// Neither `prompt` nor `prompt_ids` was given.
+    #[error("`prompt` or `prompt_ids` is required")]
+    NoPrompt,
+    /// A text prompt on a model without a tokenizer.
+    #[error("the model has no tokenizer; send `prompt_ids`")]
+    NoTokenizer,
+    /// The tokenizer refused the text.
+    #[error("`prompt` could not be tokenized: {detail}")]
+    Tokenize {
+        /// The tokenizer's message.
+        detail: String,
+    },
+    /// The prompt has no tokens.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// A prompt id at or past the vocabulary size.
+    #[error("`prompt_ids` contains {id}, outside the vocabulary (size {vocab_size})")]
+    OutsideVocabulary {
+        /// The offending id.
+        id: u32,
+        /// The model's vocabulary size.
+        vocab_size: usize,
+    },
+    /// The prompt does not leave room for one new token in the context.
+    #[error("prompt has {prompt_tokens} tokens, but the model's context length is {context}")]
+    ContextLength {
+        /// Tokens in the prompt.
+        prompt_tokens: usize,
+        /// The model's context length.
+        context: usize,
+    },
+    /// A number outside its allowed interval (`interval` as written in the
+    /// message, e.g. `[0, 2]` or `(0, 1]`).
+    #[error("`{field}` must be in {interval}, got {got}")]
+    OutOfRange {
+        /// The field.
+        field: &'static str,
+        /// The allowed interval.
+        interval: String,
+        /// What was sent.
+        got: String,
+    },
+    /// `top_k` below -1.
+    #[error("`top_k` must be -1, 0 or positive, got {got}")]
+    TopK {
+        /// What was sent.
+        got: i64,
+    },
+    /// Too many stop strings, or an empty one.
+    #[error("`stop` takes at most {limit} non-empty strings")]
+    StopStrings {
+        /// Most stop strings.
+        limit: usize,
+    },
+}
+
+impl ValidationError {
+    /// The request field at fault, when there is one.
+    pub fn field(&self) -> Option<&'static str> {
+        Some(match self {
+            ValidationError::PromptAndIds | ValidationError::NoPrompt => "prompt",
+            ValidationError::NoTokenizer
+            | ValidationError::Tokenize { .. }
+            | ValidationError::EmptyPrompt => "prompt",
+            ValidationError::OutsideVocabulary { .. } => "prompt_ids",
+            ValidationError::ContextLength { .. } => "prompt",
+            ValidationError::OutOfRange { field, .. } => field,
+            ValidationError::TopK { .. } => "top_k",
+            ValidationError::StopStrings { .. } => "stop",
+        })
+    }
+
+    /// Stable error code for clients (OpenAI's spellings where they exist).
+    pub fn code(&self) -> &'static str {
+        match self {
+            ValidationError::ContextLength { .. } => "context_length_exceeded",
+            ValidationError::PromptAndIds | ValidationError::NoPrompt => "invalid_request",
+            ValidationError::NoTokenizer => "unsupported",
+            _ => "invalid_value",
+        }
+    }
+}
+
+/// Most stop strings a request may carry.
+pub const MAX_STOP_STRINGS: usize = 16;
 
 fn range(
-    name: &str,
+    name: &'static str,
     v: Option<f32>,
     lo: f32,
     hi: f32,
@@ -76,9 +164,11 @@ fn range(
         let ok = x.is_finite() && (if lo_open { x > lo } else { x >= lo }) && x <= hi;
         if !ok {
             let l = if lo_open { "(" } else { "[" };
-            return Err(ValidationError(format!(
-                "`{name}` must be in {l}{lo}, {hi}], got {x}"
-            )));
+            return Err(ValidationError::OutOfRange {
+                field: name,
+                interval: format!("{l}{lo}, {hi}]"),
+                got: x.to_string(),
+            });
         }
     }
     Ok(())
@@ -94,43 +184,38 @@ impl RequestSpec {
         eos_ids: &[u32],
     ) -> Result<ValidRequest, ValidationError> {
         let prompt = match (&self.prompt, &self.prompt_ids) {
-            (Some(_), Some(_)) => {
-                return Err(ValidationError(
-                    "give either `prompt` or `prompt_ids`, not both".into(),
-                ))
-            }
-            (None, None) => {
-                return Err(ValidationError(
-                    "`prompt` or `prompt_ids` is required".into(),
-                ))
-            }
+            (Some(_), Some(_)) => return Err(ValidationError::PromptAndIds),
+            (None, None) => return Err(ValidationError::NoPrompt),
             (None, Some(ids)) => ids.clone(),
             (Some(text), None) => tokenizer
-                .ok_or_else(|| {
-                    ValidationError("the model has no tokenizer; send `prompt_ids`".into())
-                })?
+                .ok_or(ValidationError::NoTokenizer)?
                 .encode(text)
-                .map_err(|e| ValidationError(format!("`prompt` could not be tokenized: {e}")))?,
+                .map_err(|e| ValidationError::Tokenize {
+                    detail: e.to_string(),
+                })?,
         };
         if prompt.is_empty() {
-            return Err(ValidationError("the prompt is empty".into()));
+            return Err(ValidationError::EmptyPrompt);
         }
         if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab_size) {
-            return Err(ValidationError(format!(
-                "`prompt_ids` contains {bad}, outside the vocabulary (size {vocab_size})"
-            )));
+            return Err(ValidationError::OutsideVocabulary {
+                id: *bad,
+                vocab_size,
+            });
         }
         if prompt.len() >= context {
-            return Err(ValidationError(format!(
-                "prompt has {} tokens, but the model's context length is {context}",
-                prompt.len()
-            )));
+            return Err(ValidationError::ContextLength {
+                prompt_tokens: prompt.len(),
+                context,
+            });
         }
         let max_tokens = self.max_tokens.unwrap_or(16);
         if max_tokens == 0 || max_tokens > MAX_OUTPUT_TOKENS {
-            return Err(ValidationError(format!(
-                "`max_tokens` must be in [1, {MAX_OUTPUT_TOKENS}], got {max_tokens}"
-            )));
+            return Err(ValidationError::OutOfRange {
+                field: "max_tokens",
+                interval: format!("[1, {MAX_OUTPUT_TOKENS}]"),
+                got: max_tokens.to_string(),
+            });
         }
         range("temperature", self.temperature, 0.0, 2.0, false)?;
         range("top_p", self.top_p, 0.0, 1.0, true)?;
@@ -153,11 +238,7 @@ impl RequestSpec {
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => 0,
             Some(k) if k > 0 => k as usize,
-            Some(k) => {
-                return Err(ValidationError(format!(
-                    "`top_k` must be -1, 0 or positive, got {k}"
-                )))
-            }
+            Some(k) => return Err(ValidationError::TopK { got: k }),
         };
         let mut ids: Vec<u32> = if self.ignore_eos.unwrap_or(false) {
             Vec::new()
@@ -170,10 +251,10 @@ impl RequestSpec {
             Some(StopSpec::One(s)) => vec![s.clone()],
             Some(StopSpec::Many(v)) => v.clone(),
         };
-        if strings.len() > 16 || strings.iter().any(|s| s.is_empty()) {
-            return Err(ValidationError(
-                "`stop` takes at most 16 non-empty strings".into(),
-            ));
+        if strings.len() > MAX_STOP_STRINGS || strings.iter().any(|s| s.is_empty()) {
+            return Err(ValidationError::StopStrings {
+                limit: MAX_STOP_STRINGS,
+            });
         }
         Ok(ValidRequest {
             session: self.session.clone(),
@@ -208,23 +289,58 @@ mod tests {
         let e = spec(r#"{"prompt_ids":[1,2],"max_tokens":40000}"#)
             .validate(None, 10, 100, &[])
             .unwrap_err();
-        assert_eq!(e.0, "`max_tokens` must be in [1, 32768], got 40000");
+        assert_eq!(
+            e.to_string(),
+            "`max_tokens` must be in [1, 32768], got 40000"
+        );
         let e = spec(r#"{"prompt_ids":[1,2],"temperature":3}"#)
             .validate(None, 10, 100, &[])
             .unwrap_err();
         assert!(
-            e.0.starts_with("`temperature` must be in [0, 2]"),
+            e.to_string().starts_with("`temperature` must be in [0, 2]"),
             "{}",
-            e.0
+            e.to_string()
         );
         let e = spec(r#"{"prompt_ids":[1,99]}"#)
             .validate(None, 10, 100, &[])
             .unwrap_err();
-        assert!(e.0.contains("99") && e.0.contains("vocabulary"), "{}", e.0);
+        assert!(
+            e.to_string().contains("99") && e.to_string().contains("vocabulary"),
+            "{}",
+            e.to_string()
+        );
         let e = spec(r#"{"prompt_ids":[1,2,3]}"#)
             .validate(None, 10, 3, &[])
             .unwrap_err();
-        assert!(e.0.contains("context length is 3"), "{}", e.0);
+        assert!(
+            e.to_string().contains("context length is 3"),
+            "{}",
+            e.to_string()
+        );
+    }
+
+    #[test]
+    fn errors_carry_their_field_and_a_stable_code() {
+        let e = spec(r#"{"prompt_ids":[1,2,3]}"#)
+            .validate(None, 10, 3, &[])
+            .unwrap_err();
+        assert_eq!(
+            (e.field(), e.code()),
+            (Some("prompt"), "context_length_exceeded")
+        );
+        let e = spec(r#"{"prompt_ids":[1],"top_p":0}"#)
+            .validate(None, 10, 100, &[])
+            .unwrap_err();
+        assert_eq!((e.field(), e.code()), (Some("top_p"), "invalid_value"));
+        assert_eq!(e.to_string(), "`top_p` must be in (0, 1], got 0");
+        let e = spec(r#"{"prompt_ids":[1],"stop":["a",""]}"#)
+            .validate(None, 10, 100, &[])
+            .unwrap_err();
+        assert_eq!(e, ValidationError::StopStrings { limit: 16 });
+        let e = spec(r#"{"max_tokens":3}"#)
+            .validate(None, 10, 100, &[])
+            .unwrap_err();
+        assert_eq!((e.field(), e.code()), (Some("prompt"), "invalid_request"));
     }
 
     #[test]
