@@ -7,8 +7,9 @@
 //! binary (`src/main.rs`, `src/cli/`) drives these modules.
 //!
 //! Modules, grouped by role:
-//! - [`checkpoint`]: memory-mapped safetensors (single or sharded), typed tensor
-//!   access, `config.json` reading ([`checkpoint::config`]) and `caracal inspect`
+//! - [`checkpoint`]: model files on disk: memory-mapped safetensors (single or
+//!   sharded), typed tensor access, `config.json` reading ([`checkpoint::config`]),
+//!   GGUF reading and import ([`checkpoint::gguf`]) and `caracal inspect`
 //!   ([`checkpoint::inspect`]).
 //! - [`models`]: one file per architecture, shared blocks in [`models::layers`],
 //!   and [`models::load`].
@@ -20,8 +21,8 @@
 //!   [`caracal_actors::messages::ValidRequest`].
 //! - [`generate`]: prefill + decode of one sequence with timing.
 //! - [`eval`]: perplexity on a text file.
-//! - [`convert`]: offline converters (GGUF import, MXFP4 quantization, moeify,
-//!   synthesized checkpoints, the shared safetensors writer).
+//! - [`convert`]: offline converters (MXFP4 quantization, moeify, synthesized
+//!   checkpoints, the shared safetensors writer).
 //! - [`plan`]: memory plans of a model on given devices.
 //! - [`units`]: sizes as written on command lines (`512MiB`, `1.5TB`).
 //! - [`paths`]: Caracal's own cache folder.

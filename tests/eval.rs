@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use caracal::convert::gguf::{import_gguf, ImportOptions, OutDtype};
+use caracal::checkpoint::gguf::{import_gguf, ImportOptions, OutDtype};
 use caracal::eval::{perplexity, tokenize_like_llama_cpp, PplOptions};
 use caracal::generate::{prompt_logits, LoadedModel};
 

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use caracal::chat::{render, ChatMessage};
-use caracal::convert::gguf::{import_gguf, ImportOptions};
+use caracal::checkpoint::gguf::{import_gguf, ImportOptions};
 use caracal::convert::moeify::{moeify_checkpoint, MoeifyOptions, Variant};
 use caracal::generate::{generate, prompt_logits, GenerateRequest, LoadedModel};
 use caracal::models::{CausalLm, ExpertDispatch, ExpertFfn};

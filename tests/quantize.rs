@@ -686,10 +686,10 @@ fn smollm2_mxfp4_perplexity_stays_near_bf16() {
     }
     let bf16 = TempDir::new("smollm2-bf16");
     let mx = TempDir::new("smollm2-mxfp4");
-    caracal::convert::gguf::import_gguf(
+    caracal::checkpoint::gguf::import_gguf(
         &gguf,
         &bf16.0,
-        &caracal::convert::gguf::ImportOptions::default(),
+        &caracal::checkpoint::gguf::ImportOptions::default(),
     )
     .unwrap();
     let report = quantize_checkpoint(&bf16.0, &mx.0, &QuantizeOptions::default()).unwrap();

@@ -2,7 +2,7 @@
 //! weights look.
 //!
 //! [`inspect`] takes a checkpoint folder (safetensors, single or sharded) or
-//! a `.gguf` file (delegated to [`crate::convert::gguf::gguf_info`]). For a folder it
+//! a `.gguf` file (delegated to [`crate::checkpoint::gguf::gguf_info`]). For a folder it
 //! reports every tensor (name, stored dtype, shape, bytes, parameters), a
 //! grouped summary where layer and expert indices are folded into `*`
 //! (`model.layers.*.mlp.experts.*.w1.weight_packed`), totals per dtype, and
@@ -29,8 +29,8 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::checkpoint::config::read_json;
+use crate::checkpoint::gguf::{gguf_info, GgufInfo};
 use crate::checkpoint::{mxfp4_role, Checkpoint, Mxfp4Role, StoredDType};
-use crate::convert::gguf::{gguf_info, GgufInfo};
 use crate::error::{Error, Result};
 use caracal_kernels::mxfp4::{BLOCK_BYTES, E8M0_NAN};
 

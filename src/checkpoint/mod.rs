@@ -13,9 +13,11 @@
 //! `{base}_blocks` + `{base}_scales` (or a fused float `{base}`) tensors.
 //!
 //! Children: [`config`] reads `config.json` / `generation_config.json`;
+//! [`gguf`] reads llama.cpp's GGUF files and imports them as folders;
 //! [`inspect`] reports a checkpoint's tensors, dtypes and MXFP4 scale statistics.
 
 pub mod config;
+pub mod gguf;
 pub mod inspect;
 
 use std::collections::HashMap;

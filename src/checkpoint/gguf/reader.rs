@@ -558,7 +558,7 @@ fn parse(bytes: &[u8]) -> Result<Parsed> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::convert::gguf::test_writer::{temp_path, GgufWriter};
+    use crate::checkpoint::gguf::test_writer::{temp_path, GgufWriter};
 
     fn sample_values() -> Vec<(&'static str, GgufValue)> {
         let strings = |v: &[&str]| {

@@ -291,8 +291,8 @@ struct TokenizerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::convert::gguf::reader::GgufValue;
-    use crate::convert::gguf::test_writer::{temp_path, tiny_tokenizer, GgufWriter};
+    use crate::checkpoint::gguf::reader::GgufValue;
+    use crate::checkpoint::gguf::test_writer::{temp_path, tiny_tokenizer, GgufWriter};
 
     fn build(pre: &str) -> (HfTokenizerFiles, tokenizers::Tokenizer) {
         let mut w = GgufWriter::new(3);

@@ -677,7 +677,7 @@ fn block_mxfp4(b: &[u8], y: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::convert::gguf::reader::GgufFile;
+    use crate::checkpoint::gguf::reader::GgufFile;
     use std::path::PathBuf;
 
     fn fixture(name: &str) -> PathBuf {

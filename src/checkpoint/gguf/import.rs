@@ -489,9 +489,9 @@ pub fn import_gguf(path: &Path, out_dir: &Path, opts: &ImportOptions) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::convert::gguf::quants::GgmlType;
-    use crate::convert::gguf::reader::GgufValue;
-    use crate::convert::gguf::test_writer::{temp_path, tiny_tokenizer, GgufWriter};
+    use crate::checkpoint::gguf::quants::GgmlType;
+    use crate::checkpoint::gguf::reader::GgufValue;
+    use crate::checkpoint::gguf::test_writer::{temp_path, tiny_tokenizer, GgufWriter};
     use safetensors::SafeTensors;
 
     /// llama.cpp's `LlamaModel.permute`, written from its numpy definition
