@@ -1,19 +1,16 @@
 //! `caracal::eval::perplexity` against a direct computation, and on the real
 //! SmolLM2-135M-Instruct (imported from the cached GGUF at test time).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+mod common;
 
 use caracal::checkpoint::gguf::{import_gguf, ImportOptions, OutDtype};
 use caracal::eval::{perplexity, tokenize_like_llama_cpp, PplOptions};
 use caracal::generate::{prompt_logits, LoadedModel};
+use common::{fixture, smollm2_gguf, TempDir};
 
 const GPL3: &str = "/usr/share/common-licenses/GPL-3";
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
 
 fn gpl3_or_builtin() -> String {
     std::fs::read_to_string(GPL3).unwrap_or_else(|_| {
@@ -136,24 +133,6 @@ fn perplexity_honours_max_chunks_and_rejects_short_texts() {
     assert!(err.contains("context length"), "{err}");
 }
 
-/// A scratch folder removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("caracal-eval-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// SmolLM2-135M-Instruct (Q4_1 weights) on the first 2,048 tokens of GPL-3 at
 /// ctx 512 (4 windows, 1,020 scored tokens). llama.cpp gives 18.39 on the
 /// whole file; the first part of the licence is its preamble, so the
@@ -162,13 +141,11 @@ impl Drop for TempDir {
 /// goes to hundreds or thousands.
 #[test]
 fn smollm2_perplexity_on_gpl3_is_in_a_sane_range() {
-    let gguf =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if !gguf.exists() || !Path::new(GPL3).exists() {
-        eprintln!(
-            "SKIPPED: needs {} (run tools/fetch-models.sh) and {GPL3}",
-            gguf.display()
-        );
+    let Some(gguf) = smollm2_gguf("the SmolLM2 perplexity test") else {
+        return;
+    };
+    if !Path::new(GPL3).exists() {
+        eprintln!("SKIPPED: needs {GPL3}");
         return;
     }
     let dir = TempDir::new("smollm2");

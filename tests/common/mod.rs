@@ -1,0 +1,138 @@
+//! Helpers shared by the integration tests: fixture paths and reference
+//! files, scratch folders, the SmolLM2 GGUF, a deterministic generator.
+//!
+//! Each test file takes what it needs with `mod common;`; items a file does
+//! not use are allowed to stay unused.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// `tests/fixtures/<name>`.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// A fixture's `expected.json` (reference outputs written by transformers).
+pub fn expected(dir: &Path) -> Value {
+    let path = dir.join("expected.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A JSON array of token ids.
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("an array of ids")
+        .iter()
+        .map(|x| x.as_u64().expect("an id") as u32)
+        .collect()
+}
+
+/// A JSON array of numbers as f32.
+pub fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .expect("an array of numbers")
+        .iter()
+        .map(|x| x.as_f64().expect("a number") as f32)
+        .collect()
+}
+
+/// Largest elementwise |a - b| (the slices must have equal lengths).
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// A scratch folder under the system temp dir, unique to this process and
+/// thread, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// A fresh, empty folder tagged `tag`.
+    pub fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "caracal-test-{tag}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create a scratch folder");
+        TempDir(p)
+    }
+
+    /// The folder.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Copies the files of `src` (one level, as checkpoint folders are) into a
+/// new scratch folder.
+pub fn copy_dir(src: &Path, tag: &str) -> TempDir {
+    let dst = TempDir::new(tag);
+    for entry in std::fs::read_dir(src).expect("read the source folder") {
+        let entry = entry.expect("a folder entry");
+        if entry.file_type().expect("a file type").is_file() {
+            std::fs::copy(entry.path(), dst.0.join(entry.file_name())).expect("copy a file");
+        }
+    }
+    dst
+}
+
+/// SmolLM2-135M-Instruct's GGUF (`tools/fetch-models.sh`), or `None` with a
+/// note on stderr saying which tests skip.
+pub fn smollm2_gguf(what: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("CARACAL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models"));
+    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if path.exists() {
+        Some(path)
+    } else {
+        eprintln!(
+            "note: skipping {what}: {} not found (run tools/fetch-models.sh)",
+            path.display()
+        );
+        None
+    }
+}
+
+/// A deterministic 64-bit LCG (Knuth's MMIX constants): the same seed gives
+/// the same stream on every machine.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    /// The next state.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0
+    }
+
+    /// Uniform in [-0.5, 0.5), from the top 24 bits.
+    pub fn centered(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    }
+
+    /// `n` values from [`Lcg::centered`].
+    pub fn values(seed: u64, n: usize) -> Vec<f32> {
+        let mut g = Lcg(seed);
+        (0..n).map(|_| g.centered()).collect()
+    }
+}
