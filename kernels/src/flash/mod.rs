@@ -850,10 +850,8 @@ unsafe fn pv_block<S: Simd, const MR: usize, const NC: usize>(
     }
 }
 
-#[path = "flash_simd.rs"]
 mod simd;
 use simd::*;
 
 #[cfg(test)]
-#[path = "flash_tests.rs"]
 mod tests;

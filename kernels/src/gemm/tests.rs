@@ -1,4 +1,4 @@
-//! Tests of [`super`] (gemm.rs): every fast path against its plain reference.
+//! Tests of [`super`] (gemm): every fast path against its plain reference.
 
 use super::*;
 use crate::dtype::f32_to_bf16;

@@ -1,4 +1,4 @@
-//! Tests of [`super`] (mxfp4.rs): every fast path against its plain reference.
+//! Tests of [`super`] (mxfp4): every fast path against its plain reference.
 
 use super::*;
 

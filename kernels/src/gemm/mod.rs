@@ -802,5 +802,4 @@ fn gemm_tiled(
 }
 
 #[cfg(test)]
-#[path = "gemm_tests.rs"]
 mod tests;

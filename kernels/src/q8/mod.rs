@@ -441,5 +441,4 @@ mod x86 {
 }
 
 #[cfg(test)]
-#[path = "q8_tests.rs"]
 mod tests;

@@ -1,4 +1,4 @@
-//! Tests of [`super`] (kda.rs): every fast path against its plain reference.
+//! Tests of [`super`] (kda): every fast path against its plain reference.
 
 use super::*;
 

@@ -880,9 +880,7 @@ fn q8_dot<const MW: usize, const NX: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[path = "mxfp4_x86.rs"]
 mod x86;
 
 #[cfg(test)]
-#[path = "mxfp4_tests.rs"]
 mod tests;
