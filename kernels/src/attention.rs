@@ -13,6 +13,7 @@
 
 use rayon::prelude::*;
 
+use crate::cpu::Isa;
 use crate::paged::KvPool;
 
 /// Head layout of one attention layer.
@@ -152,11 +153,7 @@ pub fn paged_attention(
         qw,
         k_width,
     };
-    #[cfg(target_arch = "x86_64")]
-    let wide =
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
-    #[cfg(not(target_arch = "x86_64"))]
-    let wide = false;
+    let wide = Isa::Avx2.supported();
     out.par_chunks_mut(group * shape.v_dim)
         .enumerate()
         .for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {

@@ -24,10 +24,7 @@ fn values(len: usize, seed: u32) -> Vec<f32> {
 
 /// Every instruction set this CPU can run.
 fn isas() -> Vec<Isa> {
-    [Isa::Avx512, Isa::Avx2, Isa::Portable]
-        .into_iter()
-        .filter(|&i| supported(i))
-        .collect()
+    Isa::ALL.into_iter().filter(|&i| i.supported()).collect()
 }
 
 /// A pool holding `k`/`v` for positions `0..total` behind a shuffled block

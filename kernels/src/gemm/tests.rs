@@ -43,7 +43,7 @@ fn assert_close(got: &[f32], want: &[f32], scale: &[f32], rel: f32, what: &str) 
 }
 
 fn isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+    [Isa::Portable, Isa::Avx2, Isa::Avx512]
         .into_iter()
         .filter(|&i| supported(i))
         .collect()

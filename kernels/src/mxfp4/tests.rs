@@ -43,17 +43,7 @@ fn reference(x: &[f32], n: usize, w: &[f32], rows: usize, cols: usize) -> (Vec<f
 
 /// Kernels this CPU can run.
 fn available_isas() -> Vec<Isa> {
-    let mut v = vec![Isa::Scalar];
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            v.push(Isa::Avx2);
-        }
-        if is_x86_feature_detected!("avx512f") {
-            v.push(Isa::Avx512);
-        }
-    }
-    v
+    Isa::ALL.into_iter().filter(|i| i.supported()).collect()
 }
 
 const SHAPES: [(usize, usize); 5] = [(1, 32), (7, 96), (37, 544), (130, 64), (19, 160)];
@@ -307,7 +297,7 @@ fn k_sliced_products_match_reference() {
     for slice in [7, 64, 130, slice_blocks(n, 128, 1)] {
         let mut y = vec![f32::NAN; n * rows];
         matmul_exact(
-            Isa::detect(),
+            Isa::best(),
             slice,
             &x,
             n,

@@ -96,7 +96,7 @@ fn f32_product_equals_the_decoded_weights_product() {
 fn int8_product_equals_the_exact_integer_block_dot() {
     // Reference: activations rounded with the same rule, dot in f64. Only f32
     // rounding of the per-block terms separates the kernel from it (1e-5 rel).
-    if !vnni_available() {
+    if !cpu::features().avx512_vnni {
         eprintln!("skipped: no AVX-512 VNNI on this CPU");
         return;
     }
