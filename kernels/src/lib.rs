@@ -54,3 +54,4 @@ pub mod threads;
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use matrix::{Matrix, Storage};
+pub use q8::Activations;

@@ -292,6 +292,7 @@ fn upload_check_rejects_cols_not_a_multiple_of_32_with_a_clear_message() {
         dtype: DType::Mxfp4,
         data: Storage::from_bytes(&[0; 48]),
         scales: Some(Storage::from_bytes(&[127; 3])),
+        activations: Activations::F32,
     };
     assert!(check_matrix(&mx)
         .unwrap_err()

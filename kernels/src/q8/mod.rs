@@ -31,10 +31,12 @@ use crate::split::{for_row_ranges, OutPtr};
 pub const BLOCK: usize = 32;
 
 /// How activations meet quantized weights in [`matmul_q8_0`] (and the MXFP4
-/// kernels' int8 variant).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// kernels' int8 variant). Each quantized [`crate::Matrix`] carries one
+/// ([`crate::Matrix::with_activations`]); the default is `F32`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Activations {
     /// Activations stay f32: the product equals the decoded weights' f32 GEMM.
+    #[default]
     F32,
     /// Activations are rounded to int8 per 32-element block (`d = amax/127`):
     /// integer dot products, about 0.3–1% relative error on the outputs.
