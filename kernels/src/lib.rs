@@ -27,6 +27,7 @@
 //! - [`mxfp4`]: OCP MXFP4 encode/decode and fused matmuls on packed blocks.
 //! - [`paged`]: the page pool that backs KV caches.
 //! - [`sampling`]: next-token sampling (penalties, temperature, top-k/p, min-p).
+//! - [`testing`]: the deterministic generator of test and bench data.
 
 pub mod activation;
 pub mod attention;
@@ -49,6 +50,7 @@ pub mod rope;
 pub mod sampling;
 pub mod softmax;
 mod split;
+pub mod testing;
 pub mod threads;
 
 pub use dtype::DType;

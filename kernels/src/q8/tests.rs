@@ -1,20 +1,7 @@
 //! Tests of the Q8_0 encoder, decoder and fused products.
 
 use super::*;
-
-fn values(seed: u64, len: usize) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use crate::testing::values;
 
 /// `x · Wᵀ` of the decoded weights in f64.
 fn reference(x: &[f32], n: usize, w: &[f32], rows: usize, cols: usize) -> Vec<f64> {
