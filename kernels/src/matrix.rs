@@ -48,7 +48,7 @@ impl Storage {
     /// not aligned to `align` bytes.
     pub fn borrowed(owner: SharedBytes, offset: usize, len: usize, align: usize) -> Storage {
         let ptr = (*owner).as_ref()[offset..offset + len].as_ptr() as usize;
-        if ptr % align.max(1) == 0 {
+        if ptr.is_multiple_of(align.max(1)) {
             Storage { owner, offset, len }
         } else {
             Storage::from_bytes(&(*owner).as_ref()[offset..offset + len])
