@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use caracal::generate::{generate, GenerateRequest};
 use caracal_kernels::sampling::SamplingParams;
+use caracal_kernels::testing::Rng;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use serde_json::{json, Value};
@@ -340,30 +341,13 @@ fn merge(dst: &mut Value, src: Value) {
     }
 }
 
-/// Deterministic pseudo-random bytes.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Uniform in [-scale, scale).
-    fn uniform(&mut self, scale: f32) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-    }
-}
-
 fn write_checkpoint(dir: &Path, config: &Value, specs: &[Spec]) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(
         dir.join("config.json"),
         serde_json::to_string_pretty(config)?,
     )?;
-    let mut rng = Rng(0x9E3779B97F4A7C15);
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
     let mut blobs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for s in specs {
         let n: usize = s.shape.iter().product();
@@ -371,7 +355,7 @@ fn write_checkpoint(dir: &Path, config: &Value, specs: &[Spec]) -> Result<()> {
             Kind::Bf16(scale) => {
                 let data = (0..n)
                     .flat_map(|_| {
-                        caracal_kernels::dtype::f32_to_bf16(rng.uniform(scale)).to_le_bytes()
+                        caracal_kernels::dtype::f32_to_bf16(rng.next_f32() * scale).to_le_bytes()
                     })
                     .collect();
                 blobs.push((s.name.clone(), Dtype::BF16, s.shape.clone(), data));
@@ -390,7 +374,7 @@ fn write_checkpoint(dir: &Path, config: &Value, specs: &[Spec]) -> Result<()> {
                     .strip_suffix(".weight")
                     .expect("MXFP4 specs name a .weight");
                 let (rows, cols) = (s.shape[0], s.shape[1]);
-                let packed = (0..rows * cols / 2).map(|_| rng.next() as u8).collect();
+                let packed = (0..rows * cols / 2).map(|_| rng.next_u64() as u8).collect();
                 // E8M0 2^-6: elements of magnitude ≤ 6/64, like a trained layer's.
                 let scales = vec![121u8; rows * cols / 32];
                 blobs.push((

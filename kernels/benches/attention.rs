@@ -20,6 +20,7 @@ use std::time::Duration;
 use caracal_kernels::attention::{paged_attention, write_kv, AttnShape};
 use caracal_kernels::flash::paged_attention_tiled;
 use caracal_kernels::paged::KvPool;
+use caracal_kernels::testing::values;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 /// SmolLM2-135M attention heads.
@@ -32,19 +33,6 @@ const SHAPE: AttnShape = AttnShape {
 
 /// Rows per page, as the runtime uses.
 const PAGE: usize = 16;
-
-/// Deterministic values in [-1, 1).
-fn values(len: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-        })
-        .collect()
-}
 
 /// Attention FLOPs of `t` queries after `start_pos` cached tokens.
 fn flops(start_pos: usize, t: usize) -> u64 {
@@ -60,10 +48,10 @@ fn bench_case(c: &mut Criterion, name: &str, start_pos: usize, t: usize) {
     // Page ids in reverse order, so positions never run across a page edge
     // into the next page in memory.
     let table: Vec<u32> = (0..pages as u32).rev().map(|i| i + 8).collect();
-    let k = values(total * SHAPE.kv_heads * SHAPE.head_dim, 1);
-    let v = values(total * SHAPE.kv_heads * SHAPE.v_dim, 2);
+    let k = values(1, total * SHAPE.kv_heads * SHAPE.head_dim);
+    let v = values(2, total * SHAPE.kv_heads * SHAPE.v_dim);
     write_kv(&mut pool, 0, &table, 0, &k, &v, &SHAPE);
-    let q = values(t * SHAPE.q_heads * SHAPE.head_dim, 3);
+    let q = values(3, t * SHAPE.q_heads * SHAPE.head_dim);
     let scale = 1.0 / (SHAPE.head_dim as f32).sqrt();
     let mut out = vec![0.0f32; t * SHAPE.q_heads * SHAPE.v_dim];
     let id = format!("start{start_pos}");

@@ -14,29 +14,17 @@ use std::time::Duration;
 
 use caracal_kernels::dtype::f32_to_bf16;
 use caracal_kernels::gemm::{matmul_bf16, matmul_bf16_ref, matmul_f32, matmul_f32_ref};
+use caracal_kernels::testing::values;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 /// `[rows, cols]` weight shapes.
 const SHAPES: &[(usize, usize)] = &[(1536, 576), (576, 1536), (4096, 4096)];
 
-/// Deterministic values in [-1, 1).
-fn values(len: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
 fn bench_batch(c: &mut Criterion, n: usize, label: &str) {
     for &(rows, cols) in SHAPES {
-        let wf = values(rows * cols, 1);
+        let wf = values(1, rows * cols);
         let wb: Vec<u16> = wf.iter().map(|&v| f32_to_bf16(v)).collect();
-        let x = values(n * cols, 2);
+        let x = values(2, n * cols);
         let mut out = vec![0.0f32; n * rows];
         let id = format!("{rows}x{cols}");
         let mut group = c.benchmark_group(format!("{label}_n{n}"));

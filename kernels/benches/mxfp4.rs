@@ -15,21 +15,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use caracal_kernels::dtype::f32_to_bf16;
+use caracal_kernels::testing::values;
 use caracal_kernels::{gemm, mxfp4};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-
-/// Deterministic values in [-1, 1).
-fn values(seed: u64, len: usize) -> Vec<f32> {
-    let mut s = seed;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
 
 fn bench_mxfp4(c: &mut Criterion) {
     for (rows, cols) in [(1536, 576), (4096, 4096)] {

@@ -39,6 +39,7 @@ mod bench {
 
     use caracal_kernels::cuda::{CudaDevice, CudaError, DeviceMatrix};
     use caracal_kernels::dtype::f32_to_bf16;
+    use caracal_kernels::testing::values;
     use caracal_kernels::{DType, Matrix};
     use cudarc::driver::{sys::CUevent_flags, CudaSlice};
 
@@ -48,19 +49,6 @@ mod bench {
     const WARMUP: usize = 20;
     /// Weight bytes the timed loop rotates through (H200 L2 is 50 MB).
     const ROTATE_BYTES: usize = 256 << 20;
-
-    /// Deterministic values in [-1, 1) (xorshift64).
-    fn values(seed: u64, len: usize) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
 
     /// A `[rows, cols]` weight of `dtype` with values ≈ ±0.05.
     fn weight(dtype: DType, rows: usize, cols: usize) -> Result<Matrix, Box<dyn Error>> {

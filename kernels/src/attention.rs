@@ -13,6 +13,7 @@
 
 use rayon::prelude::*;
 
+use crate::cpu::Isa;
 use crate::paged::KvPool;
 
 /// Head layout of one attention layer.
@@ -152,11 +153,7 @@ pub fn paged_attention(
         qw,
         k_width,
     };
-    #[cfg(target_arch = "x86_64")]
-    let wide =
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
-    #[cfg(not(target_arch = "x86_64"))]
-    let wide = false;
+    let wide = Isa::Avx2.supported();
     out.par_chunks_mut(group * shape.v_dim)
         .enumerate()
         .for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
@@ -328,18 +325,7 @@ pub fn dense_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
+    use crate::testing::values;
 
     fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
         assert_eq!(got.len(), want.len());
@@ -371,10 +357,10 @@ mod tests {
         let (mut all_k, mut all_v) = (Vec::new(), Vec::new());
         let mut pos = 0;
         for (step, &t) in [5usize, 3, 1, 1, 1, 1].iter().enumerate() {
-            let seed = 100 * step as u32;
-            let k = values(t * kw, seed + 1);
-            let v = values(t * vw, seed + 2);
-            let q: Vec<f32> = values(t * qw, seed + 3).iter().map(|x| x * 3.0).collect();
+            let seed = 100 * step as u64;
+            let k = values(seed + 1, t * kw);
+            let v = values(seed + 2, t * vw);
+            let q: Vec<f32> = values(seed + 3, t * qw).iter().map(|x| x * 3.0).collect();
             write_kv(&mut pool, layer, &table, pos, &k, &v, &shape);
             all_k.extend_from_slice(&k);
             all_v.extend_from_slice(&v);
@@ -403,12 +389,12 @@ mod tests {
         let mut pool = KvPool::new(1, 4, 2, shape.row_width());
         let table = vec![3u32, 1];
         let t = 3;
-        let k = values(t * 16, 7);
+        let k = values(7, t * 16);
         let v: Vec<f32> = (0..t)
             .flat_map(|_| [vec![1.0f32; 8], vec![2.0f32; 8]].concat())
             .collect();
         write_kv(&mut pool, 0, &table, 0, &k, &v, &shape);
-        let q = values(t * 32, 8);
+        let q = values(8, t * 32);
         let mut out = vec![0.0; t * 32];
         paged_attention(&q, &pool, 0, &table, 0, &shape, 0.5, &mut out);
         for i in 0..t {
@@ -433,9 +419,9 @@ mod tests {
             head_dim: 4,
             v_dim: 3,
         };
-        let q = values(3 * 4, 1);
-        let k = values(3 * 4, 2);
-        let v = values(3 * 3, 3);
+        let q = values(1, 3 * 4);
+        let k = values(2, 3 * 4);
+        let v = values(3, 3 * 3);
         let mut out = vec![0.0; 3 * 3];
         dense_attention(&q, &k, &v, 3, 3, &shape, 1.0, &mut out);
         assert_close(&out[..3], &v[..3], 1e-7, "dense query 0");

@@ -11,10 +11,11 @@
 //! - Weights stay in their stored dtype (f32, bf16, MXFP4 blocks); kernels
 //!   convert on the fly and never expand a whole matrix.
 //! - Work is spread over the rayon pool (both cores here); SIMD paths are
-//!   chosen at run time (`is_x86_feature_detected!`) and always have a portable
-//!   fallback that is also their test oracle.
+//!   chosen at run time from the features [`cpu`] detects once, and always
+//!   have a portable fallback that is also their test oracle.
 //!
 //! Modules:
+//! - [`cpu`]: CPU feature detection and the [`cpu::Isa`] builds of kernels.
 //! - [`dtype`]: bf16 conversion helpers and the [`DType`] tag.
 //! - [`matrix`]: [`Matrix`], a weight in its stored dtype, and its matmul.
 //! - [`gemm`]: f32 / bf16 GEMV and GEMM.
@@ -26,9 +27,11 @@
 //! - [`mxfp4`]: OCP MXFP4 encode/decode and fused matmuls on packed blocks.
 //! - [`paged`]: the page pool that backs KV caches.
 //! - [`sampling`]: next-token sampling (penalties, temperature, top-k/p, min-p).
+//! - [`testing`]: the deterministic generator of test and bench data.
 
 pub mod activation;
 pub mod attention;
+pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod dtype;
@@ -47,8 +50,10 @@ pub mod rope;
 pub mod sampling;
 pub mod softmax;
 mod split;
+pub mod testing;
 pub mod threads;
 
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use matrix::{Matrix, Storage};
+pub use q8::Activations;

@@ -4,36 +4,20 @@
 //! range of such a mapping (kept alive by an `Arc`) or owns its bytes. The
 //! range is always aligned for its element type: a misaligned range is
 //! copied once at load time.
+//!
+//! How a quantized matrix (MXFP4, Q8_0) meets its activations is a property
+//! of the matrix, chosen when it is loaded ([`Matrix::with_activations`]):
+//! [`Activations::F32`] (the default) multiplies exactly the decoded weights,
+//! what reference tests compare; [`Activations::Int8`] rounds activations to
+//! int8 per 32-element block and uses integer dot products, as llama.cpp does
+//! (about 2× faster, ~0.5% output error). f32, bf16 and f16 matrices carry the
+//! setting but ignore it, so a loader may set it on every matrix it builds.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::dtype::{bf16_to_f32, DType};
 use crate::error::{Error, Result};
 use crate::q8::Activations;
-
-/// Whether quantized weights (MXFP4, Q8_0) meet int8-rounded activations.
-static INT8_ACTIVATIONS: AtomicBool = AtomicBool::new(false);
-
-/// Chooses, for the whole process, how [`Matrix::matmul`] multiplies
-/// quantized weights: [`Activations::F32`] (the default: exactly the decoded
-/// weights' product, what reference tests compare) or [`Activations::Int8`]
-/// (activations rounded to int8 per 32-element block and integer dot
-/// products, as llama.cpp does; about 2× faster, ~0.5% output error). Like
-/// PyTorch's `set_float32_matmul_precision`, a serving process sets it once at
-/// start-up (`--quantized-activations`).
-pub fn set_quantized_activations(a: Activations) {
-    INT8_ACTIVATIONS.store(a == Activations::Int8, Ordering::Relaxed);
-}
-
-/// The mode chosen by [`set_quantized_activations`].
-pub fn quantized_activations() -> Activations {
-    if INT8_ACTIVATIONS.load(Ordering::Relaxed) {
-        Activations::Int8
-    } else {
-        Activations::F32
-    }
-}
 
 /// Bytes owned elsewhere (a memory map) that a [`Storage`] can borrow.
 pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
@@ -64,7 +48,7 @@ impl Storage {
     /// not aligned to `align` bytes.
     pub fn borrowed(owner: SharedBytes, offset: usize, len: usize, align: usize) -> Storage {
         let ptr = (*owner).as_ref()[offset..offset + len].as_ptr() as usize;
-        if ptr % align.max(1) == 0 {
+        if ptr.is_multiple_of(align.max(1)) {
             Storage { owner, offset, len }
         } else {
             Storage::from_bytes(&(*owner).as_ref()[offset..offset + len])
@@ -155,6 +139,9 @@ pub struct Matrix {
     pub data: Storage,
     /// Block scales `[rows, cols/32]`: E8M0 bytes for MXFP4, f32 for Q8_0.
     pub scales: Option<Storage>,
+    /// How [`Matrix::matmul`] treats activations when `dtype` is MXFP4 or
+    /// Q8_0 (ignored for f32, bf16 and f16). Default [`Activations::F32`].
+    pub activations: Activations,
 }
 
 impl Matrix {
@@ -186,6 +173,7 @@ impl Matrix {
             dtype,
             data,
             scales: None,
+            activations: Activations::F32,
         })
     }
 
@@ -205,6 +193,7 @@ impl Matrix {
             dtype: DType::Mxfp4,
             data: blocks,
             scales: Some(scales),
+            activations: Activations::F32,
         })
     }
 
@@ -230,23 +219,33 @@ impl Matrix {
             dtype: DType::Q8_0,
             data: values,
             scales: Some(scales),
+            activations: Activations::F32,
         })
     }
 
+    /// This matrix with quantized products run in mode `activations` (see
+    /// the [module docs](self)); f32, bf16 and f16 matrices ignore it.
+    pub fn with_activations(mut self, activations: Activations) -> Matrix {
+        self.activations = activations;
+        self
+    }
+
     /// This matrix re-encoded as Q8_0 (the way llama.cpp stores output layers
-    /// of 4-bit models). A Q8_0 matrix is returned unchanged.
+    /// of 4-bit models), keeping its [`Activations`] mode. A Q8_0 matrix is
+    /// returned unchanged.
     pub fn to_q8_0(&self) -> Result<Matrix> {
         if self.dtype == DType::Q8_0 {
             return Ok(self.clone());
         }
         let (q, d) = crate::q8::quantize(&self.to_f32_vec(), self.rows, self.cols)?;
         let bytes: Vec<u8> = q.iter().map(|&v| v as u8).collect();
-        Matrix::q8_0(
+        Ok(Matrix::q8_0(
             self.rows,
             self.cols,
             Storage::from_bytes(&bytes),
             Storage::from_f32(&d),
-        )
+        )?
+        .with_activations(self.activations))
     }
 
     /// Quantises an f32 matrix to MXFP4.
@@ -292,7 +291,8 @@ impl Matrix {
             .expect("caller passes rows*cols values")
     }
 
-    /// `out[n, rows] = x[n, cols] · selfᵀ`, where `n = x.len() / cols`.
+    /// `out[n, rows] = x[n, cols] · selfᵀ`, where `n = x.len() / cols`; MXFP4
+    /// and Q8_0 matrices run the kernel of their [`Matrix::activations`] mode.
     pub fn matmul(&self, x: &[f32], out: &mut [f32]) {
         let n = x.len() / self.cols;
         assert_eq!(
@@ -316,7 +316,7 @@ impl Matrix {
                 crate::gemm::matmul_f16(x, n, self.data.as_u16(), self.rows, self.cols, out)
             }
             DType::Mxfp4 => {
-                let f = match quantized_activations() {
+                let f = match self.activations {
                     Activations::F32 => crate::mxfp4::matmul_mxfp4,
                     Activations::Int8 => crate::mxfp4::matmul_mxfp4_q8,
                 };
@@ -338,7 +338,7 @@ impl Matrix {
                 self.rows,
                 self.cols,
                 out,
-                quantized_activations(),
+                self.activations,
             ),
         }
     }
@@ -447,5 +447,68 @@ mod tests {
             assert!((u - v).abs() <= 1e-4 * (1.0 + v.abs()), "{u} vs {v}");
         }
         assert_eq!(q.nbytes(), rows * cols + rows * cols / 32 * 4);
+    }
+
+    /// `[rows, cols]` weights and `n` activation rows of deterministic values.
+    fn weights_and_inputs(rows: usize, cols: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let w = (0..rows * cols)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 13.0)
+            .collect();
+        let x = (0..n * cols)
+            .map(|i| (i as f32 * 0.37).sin() * 2.0)
+            .collect();
+        (w, x)
+    }
+
+    #[test]
+    fn each_quantized_matrix_runs_the_kernel_of_its_own_activation_mode() {
+        let (rows, cols, n) = (7, 128, 3);
+        let (w, x) = weights_and_inputs(rows, cols, n);
+        let mx = Matrix::quantize_mxfp4(rows, cols, &w).unwrap();
+        assert_eq!(mx.activations, Activations::F32, "the default is f32");
+        // Two matrices over the same blocks, one per mode, used side by side.
+        let mx8 = mx.clone().with_activations(Activations::Int8);
+        let (blocks, scales) = (mx.data.bytes(), mx.mx_scales());
+        let mut exact = vec![0.0; n * rows];
+        crate::mxfp4::matmul_mxfp4(&x, n, blocks, scales, rows, cols, &mut exact);
+        let mut int8 = vec![0.0; n * rows];
+        crate::mxfp4::matmul_mxfp4_q8(&x, n, blocks, scales, rows, cols, &mut int8);
+        assert_eq!(mx.forward(&x), exact, "MXFP4, f32 activations");
+        assert_eq!(mx8.forward(&x), int8, "MXFP4, int8 activations");
+
+        let q8 = Matrix::from_f32(rows, cols, &w).to_q8_0().unwrap();
+        assert_eq!(q8.activations, Activations::F32, "the default is f32");
+        let q88 = q8.clone().with_activations(Activations::Int8);
+        for (m, act) in [(&q8, Activations::F32), (&q88, Activations::Int8)] {
+            let mut want = vec![0.0; n * rows];
+            let (q, d) = (m.q8_values(), m.q8_scales());
+            crate::q8::matmul_q8_0(&x, n, q, d, rows, cols, &mut want, act);
+            assert_eq!(m.forward(&x), want, "Q8_0, {act:?} activations");
+        }
+        if crate::cpu::features().avx512_vnni {
+            // With VNNI the int8 kernels run, and rounding shows in the outputs.
+            assert_ne!(mx8.forward(&x), mx.forward(&x));
+            assert_ne!(q88.forward(&x), q8.forward(&x));
+        }
+    }
+
+    #[test]
+    fn activation_mode_survives_re_encoding_and_dense_matrices_ignore_it() {
+        let (rows, cols, n) = (4, 64, 2);
+        let (w, x) = weights_and_inputs(rows, cols, n);
+        let dense = Matrix::from_f32(rows, cols, &w);
+        let dense8 = dense.clone().with_activations(Activations::Int8);
+        assert_eq!(
+            dense8.forward(&x),
+            dense.forward(&x),
+            "f32 ignores the mode"
+        );
+        let bits: Vec<u16> = w.iter().map(|&v| crate::dtype::f32_to_bf16(v)).collect();
+        let bf = Matrix::from_bf16(rows, cols, &bits);
+        let bf8 = bf.clone().with_activations(Activations::Int8);
+        assert_eq!(bf8.forward(&x), bf.forward(&x), "bf16 ignores the mode");
+        let q = dense8.to_q8_0().unwrap();
+        assert_eq!(q.activations, Activations::Int8);
+        assert_eq!(q.to_q8_0().unwrap().activations, Activations::Int8);
     }
 }

@@ -408,21 +408,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Deterministic xorshift generator for test data.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next_f32(&mut self) -> f32 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-        fn vec(&mut self, n: usize, amp: f32) -> Vec<f32> {
-            (0..n).map(|_| self.next_f32() * amp).collect()
-        }
-    }
+    use crate::testing::Rng;
 
     const SHAPE: MlaShape = MlaShape {
         heads: 3,
@@ -450,7 +436,7 @@ mod tests {
         // Tolerance: 1e-5 relative (|err| ≤ 1e-5·max|ref|); the naive
         // reference accumulates in f64, the absorbed path in f32.
         let s = SHAPE;
-        let mut rng = Rng(0x5EED);
+        let mut rng = Rng::new(0x5EED);
         let kv_b = rng.vec(s.heads * (s.nope_dim + s.v_dim) * s.kv_lora_rank, 0.5);
         let w = MlaAbsorbed::from_kv_b(&kv_b, &s).expect("kv_b has the right length");
         let page_size = 4;
@@ -487,7 +473,7 @@ mod tests {
         // With one position the softmax weight is 1: out_h = W_UV_h · c.
         // Tolerance 1e-5 relative.
         let s = SHAPE;
-        let mut rng = Rng(99);
+        let mut rng = Rng::new(99);
         let kv_b = rng.vec(s.heads * (s.nope_dim + s.v_dim) * s.kv_lora_rank, 1.0);
         let w = MlaAbsorbed::from_kv_b(&kv_b, &s).expect("kv_b has the right length");
         let mut pool = KvPool::new(1, 1, 2, s.cache_width());

@@ -158,18 +158,7 @@ pub fn l2_normalize_rows(x: &mut [f32], width: usize, eps: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                ((s >> 8) as f32 / (1u32 << 23) as f32 - 1.0) * 3.0
-            })
-            .collect()
-    }
+    use crate::testing::Rng;
 
     /// Relative 2e-6 (plus 1e-7 absolute) vs f64: a few f32 roundings.
     fn assert_close(got: &[f32], want: &[f64]) {
@@ -194,8 +183,8 @@ mod tests {
     #[test]
     fn rms_norm_matches_f64_reference_over_rows() {
         let width = 37;
-        let x = values(3 * width, 1);
-        let w = values(width, 2);
+        let x = Rng::seeded(1).vec(3 * width, 3.0);
+        let w = Rng::seeded(2).vec(width, 3.0);
         let mut out = vec![0.0; x.len()];
         rms_norm(&x, &w, 1e-6, &mut out);
         assert_close(&out, &rms_ref(&x, &w, 1e-6));
@@ -214,9 +203,9 @@ mod tests {
     #[test]
     fn gated_rms_norm_multiplies_by_sigmoid_of_gate() {
         let width = 20;
-        let x = values(2 * width, 3);
-        let gate = values(2 * width, 4);
-        let w = values(width, 5);
+        let x = Rng::seeded(3).vec(2 * width, 3.0);
+        let gate = Rng::seeded(4).vec(2 * width, 3.0);
+        let w = Rng::seeded(5).vec(width, 3.0);
         let mut y = x.clone();
         rms_norm_gated_sigmoid(&mut y, &gate, &w, 1e-5);
         let want: Vec<f64> = rms_ref(&x, &w, 1e-5)
@@ -230,9 +219,13 @@ mod tests {
     #[test]
     fn layer_norm_matches_f64_reference_with_and_without_bias() {
         let width = 45;
-        let x: Vec<f32> = values(2 * width, 6).iter().map(|v| v + 100.0).collect(); // large mean
-        let w = values(width, 7);
-        let b = values(width, 8);
+        let x: Vec<f32> = Rng::seeded(6)
+            .vec(2 * width, 3.0)
+            .iter()
+            .map(|v| v + 100.0)
+            .collect(); // large mean
+        let w = Rng::seeded(7).vec(width, 3.0);
+        let b = Rng::seeded(8).vec(width, 3.0);
         for bias in [None, Some(&b[..])] {
             let mut out = vec![0.0; x.len()];
             layer_norm(&x, &w, bias, 1e-5, &mut out);
@@ -262,7 +255,7 @@ mod tests {
     #[test]
     fn l2_normalized_rows_have_unit_norm() {
         let width = 13;
-        let mut x = values(4 * width, 9);
+        let mut x = Rng::seeded(9).vec(4 * width, 3.0);
         let orig = x.clone();
         l2_normalize_rows(&mut x, width, 1e-6);
         for (row, o) in x.chunks(width).zip(orig.chunks(width)) {

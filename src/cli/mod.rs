@@ -72,10 +72,6 @@ enum Command {
 /// Parses the command line and runs the chosen subcommand.
 pub fn run() -> Result<()> {
     let cli = Cli::parse();
-    caracal_kernels::matrix::set_quantized_activations(match cli.quantized_activations {
-        ActivationsArg::Int8 => caracal_kernels::q8::Activations::Int8,
-        ActivationsArg::F32 => caracal_kernels::q8::Activations::F32,
-    });
     match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Quantize(args) => quantize::run(args),

@@ -23,6 +23,7 @@ use super::{CudaDevice, CudaError, DeviceMatrix};
 use crate::dtype::{f32_to_bf16, DType};
 use crate::matrix::{Matrix, Storage};
 use crate::q8::Activations;
+use crate::testing::values;
 
 /// Shapes `(rows, cols)` every dtype is checked at.
 const SHAPES: [(usize, usize); 5] = [(1, 32), (33, 96), (4096, 4096), (1536, 576), (11008, 4096)];
@@ -49,19 +50,6 @@ fn device(test: &str) -> Option<Arc<CudaDevice>> {
         }
         Err((false, e)) => panic!("{test}: opening the CUDA device failed: {e}"),
     }
-}
-
-/// Deterministic values in [-1, 1) (xorshift64).
-fn values(seed: u64, len: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
 }
 
 /// A `[rows, cols]` weight of `dtype` with values ≈ ±0.05, like a real layer.
@@ -292,6 +280,7 @@ fn upload_check_rejects_cols_not_a_multiple_of_32_with_a_clear_message() {
         dtype: DType::Mxfp4,
         data: Storage::from_bytes(&[0; 48]),
         scales: Some(Storage::from_bytes(&[127; 3])),
+        activations: Activations::F32,
     };
     assert!(check_matrix(&mx)
         .unwrap_err()

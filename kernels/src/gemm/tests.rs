@@ -1,21 +1,8 @@
-//! Tests of [`super`] (gemm.rs): every fast path against its plain reference.
+//! Tests of [`super`] (gemm): every fast path against its plain reference.
 
 use super::*;
 use crate::dtype::f32_to_bf16;
-
-/// Deterministic uniform values in [-1, 1) (xorshift64*).
-fn random_vec(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            let v = s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
-            (v as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use crate::testing::values;
 
 /// Σ|x·w| per output: the scale the rounding error of a dot product is
 /// proportional to (tolerances below are relative to it).
@@ -43,7 +30,7 @@ fn assert_close(got: &[f32], want: &[f32], scale: &[f32], rel: f32, what: &str) 
 }
 
 fn isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+    [Isa::Portable, Isa::Avx2, Isa::Avx512]
         .into_iter()
         .filter(|&i| supported(i))
         .collect()
@@ -68,7 +55,7 @@ fn check_every_gemv_path<E: Elem>(label: &str, make_w: impl Fn(usize) -> Vec<E>)
     for &(rows, cols) in SHAPES {
         let w = make_w(rows * cols);
         for n in 1..=GEMV_MAX_N {
-            let x = random_vec(n * cols, 2 + n as u64);
+            let x = values(2 + n as u64, n * cols);
             let mut want = vec![0.0; n * rows];
             matmul_ref_any(&x, n, &w, rows, cols, &mut want);
             let scale = abs_scale(&x, n, &w, rows, cols);
@@ -84,20 +71,20 @@ fn check_every_gemv_path<E: Elem>(label: &str, make_w: impl Fn(usize) -> Vec<E>)
 
 #[test]
 fn every_gemv_path_matches_f64_reference_f32_weights() {
-    check_every_gemv_path("f32", |len| random_vec(len, 1));
+    check_every_gemv_path("f32", |len| values(1, len));
 }
 
 #[test]
 fn every_gemv_path_matches_f64_reference_bf16_weights() {
     check_every_gemv_path("bf16", |len| {
-        to_bf16(&random_vec(len, 3)).into_iter().map(Bf16).collect()
+        to_bf16(&values(3, len)).into_iter().map(Bf16).collect()
     });
 }
 
 #[test]
 fn every_gemv_path_matches_f64_reference_f16_weights() {
     check_every_gemv_path("f16", |len| {
-        to_f16(&random_vec(len, 5)).into_iter().map(F16).collect()
+        to_f16(&values(5, len)).into_iter().map(F16).collect()
     });
 }
 
@@ -108,10 +95,10 @@ fn public_matmuls_match_reference_for_gemv_and_gemm_batch_sizes() {
     // Tolerance 1e-5 relative to Σ|x·w|.
     type Matmul = fn(&[f32], usize, &[u16], usize, usize, &mut [f32]);
     for &(rows, cols) in &[(5usize, 19usize), (301, 257), (333, 70)] {
-        let wf = random_vec(rows * cols, 7);
+        let wf = values(7, rows * cols);
         let (wb, wh) = (to_bf16(&wf), to_f16(&wf));
         for &n in &[1usize, 2, 3, 7, 33] {
-            let x = random_vec(n * cols, 8 + n as u64);
+            let x = values(8 + n as u64, n * cols);
             let (mut want, mut got) = (vec![0.0; n * rows], vec![f32::NAN; n * rows]);
             matmul_f32_ref(&x, n, &wf, rows, cols, &mut want);
             matmul_f32(&x, n, &wf, rows, cols, &mut got);
@@ -151,13 +138,13 @@ fn public_matmuls_match_reference_for_gemv_and_gemm_batch_sizes() {
 fn bf16_gemv_agrees_with_f32_gemv_on_widened_weights() {
     // Same values, same kernel structure: agreement within 1e-6 of Σ|x·w|.
     let (rows, cols) = (777, 333);
-    let wb: Vec<u16> = random_vec(rows * cols, 9)
+    let wb: Vec<u16> = values(9, rows * cols)
         .iter()
         .map(|&v| f32_to_bf16(v))
         .collect();
     let wf: Vec<f32> = wb.iter().map(|&b| crate::dtype::bf16_to_f32(b)).collect();
     for n in 1..=GEMV_MAX_N {
-        let x = random_vec(n * cols, 10);
+        let x = values(10, n * cols);
         let (mut a, mut b) = (vec![0.0; n * rows], vec![0.0; n * rows]);
         matmul_bf16(&x, n, &wb, rows, cols, &mut a);
         matmul_f32(&x, n, &wf, rows, cols, &mut b);
@@ -175,8 +162,8 @@ fn bf16_gemv_agrees_with_f32_gemv_on_widened_weights() {
 fn dot_matches_f64_on_every_path_and_length() {
     // Tolerance 1e-5 relative to Σ|a·b|.
     for len in [0usize, 1, 7, 8, 15, 16, 17, 63, 64, 65, 200, 1031] {
-        let a = random_vec(len, 11);
-        let b = random_vec(len, 12);
+        let a = values(11, len);
+        let b = values(12, len);
         let want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
         let scale: f64 = a
             .iter()

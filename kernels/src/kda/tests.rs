@@ -1,21 +1,7 @@
-//! Tests of [`super`] (kda.rs): every fast path against its plain reference.
+//! Tests of [`super`] (kda): every fast path against its plain reference.
 
 use super::*;
-
-/// Deterministic xorshift generator for test data (no `rand` dependency).
-struct Rng(u64);
-
-impl Rng {
-    fn next_f32(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize, amp: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next_f32() * amp).collect()
-    }
-}
+use crate::testing::Rng;
 
 /// Random KDA inputs: q, k, v, g (from one of the two gates), beta, state.
 struct Case {
@@ -28,7 +14,7 @@ struct Case {
 }
 
 fn case(shape: &KdaShape, t: usize, seed: u64, k3_gate: bool) -> Case {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::seeded(seed);
     let (hk, hv) = (shape.heads * shape.k_dim, shape.heads * shape.v_dim);
     let mut g = rng.vec(t * hk, 3.0);
     let a_log = rng.vec(shape.heads, 1.0);
@@ -285,7 +271,7 @@ fn short_conv_one_at_a_time_equals_all_at_once() {
     // Tolerance: exact equality between streaming and whole (same f32
     // operations); 1e-5 relative (to max|ref|) against an f64 direct convolution.
     let (channels, kernel, t) = (10, 4, 9);
-    let mut rng = Rng(42);
+    let mut rng = Rng::new(42);
     let x = rng.vec(t * channels, 2.0);
     let w = rng.vec(channels * kernel, 1.0);
     let mut whole_state = vec![0.0; channels * (kernel - 1)];

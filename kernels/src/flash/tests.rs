@@ -8,26 +8,11 @@
 
 use super::*;
 use crate::attention::{dense_attention, paged_attention, write_kv};
-
-/// Deterministic values in [-1, 1).
-fn values(len: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-        })
-        .collect()
-}
+use crate::testing::values;
 
 /// Every instruction set this CPU can run.
 fn isas() -> Vec<Isa> {
-    [Isa::Avx512, Isa::Avx2, Isa::Portable]
-        .into_iter()
-        .filter(|&i| supported(i))
-        .collect()
+    Isa::ALL.into_iter().filter(|&i| i.supported()).collect()
 }
 
 /// A pool holding `k`/`v` for positions `0..total` behind a shuffled block
@@ -39,12 +24,12 @@ fn shuffled_pool(
     total: usize,
     k: &[f32],
     v: &[f32],
-    seed: u32,
+    seed: u64,
 ) -> (KvPool, Vec<u32>) {
     let pages = total.div_ceil(page_size);
     let num_pages = pages + 5;
     let mut ids: Vec<u32> = (0..num_pages as u32).collect();
-    let r = values(num_pages, seed);
+    let r = values(seed, num_pages);
     for i in (1..num_pages).rev() {
         let j = ((r[i] + 1.0) * 0.5 * (i + 1) as f32) as usize;
         ids.swap(i, j.min(i));
@@ -103,17 +88,17 @@ fn tiled_with(
 /// Checks one case: `t` queries after `start_pos` cached tokens, for each
 /// page size, against the f64 reference and `paged_attention`, with every
 /// instruction set.
-fn check_case(shape: AttnShape, start_pos: usize, t: usize, pages: &[usize], seed: u32) {
+fn check_case(shape: AttnShape, start_pos: usize, t: usize, pages: &[usize], seed: u64) {
     let total = start_pos + t;
     let (kw, vw, qw) = (
         shape.kv_heads * shape.head_dim,
         shape.kv_heads * shape.v_dim,
         shape.q_heads * shape.head_dim,
     );
-    let k = values(total * kw, seed + 1);
-    let v = values(total * vw, seed + 2);
+    let k = values(seed + 1, total * kw);
+    let v = values(seed + 2, total * vw);
     // Amplitude 3 makes the softmax peaky, so outputs stay O(0.1–1).
-    let q: Vec<f32> = values(t * qw, seed + 3).iter().map(|x| x * 3.0).collect();
+    let q: Vec<f32> = values(seed + 3, t * qw).iter().map(|x| x * 3.0).collect();
     let scale = 1.0 / (shape.head_dim as f32).sqrt();
     let mut want = vec![0.0; t * shape.q_heads * shape.v_dim];
     dense_attention(&q, &k, &v, t, total, &shape, scale, &mut want);
@@ -165,7 +150,7 @@ fn tiled_equals_dense_for_group_1_3_8_on_pages_of_1_7_16() {
     ];
     for (n, s) in shapes.into_iter().enumerate() {
         for (m, &(start, t)) in LENGTHS.iter().enumerate() {
-            check_case(s, start, t, &[1, 7, 16], (100 * n + m) as u32);
+            check_case(s, start, t, &[1, 7, 16], (100 * n + m) as u64);
         }
     }
 }
@@ -181,7 +166,7 @@ fn tiled_equals_dense_when_v_dim_differs_from_head_dim() {
     ];
     for (n, s) in shapes.into_iter().enumerate() {
         for (m, &(start, t)) in LENGTHS.iter().enumerate() {
-            check_case(s, start, t, &[7, 16], (1000 + 100 * n + m) as u32);
+            check_case(s, start, t, &[7, 16], (1000 + 100 * n + m) as u64);
         }
     }
 }
@@ -248,7 +233,7 @@ fn huge_score_ranges_keep_the_softmax_exact() {
     let s = shape(4, 2, 16, 8);
     let (start, t) = (400, 40);
     let total = start + t;
-    let k: Vec<f32> = values(total * 32, 11)
+    let k: Vec<f32> = values(11, total * 32)
         .iter()
         .enumerate()
         .map(|(i, x)| {
@@ -257,8 +242,8 @@ fn huge_score_ranges_keep_the_softmax_exact() {
             (x * amp).round()
         })
         .collect();
-    let v = values(total * 16, 12);
-    let q: Vec<f32> = values(t * 64, 13)
+    let v = values(12, total * 16);
+    let q: Vec<f32> = values(13, t * 64)
         .iter()
         .map(|x| (x * 6.0).round())
         .collect();
@@ -282,9 +267,9 @@ fn first_query_of_a_cold_prefill_returns_v0() {
     // hold (1e-6: softmax of one key is exactly 1, V passes through).
     let s = shape(2, 1, 8, 5);
     let t = 40;
-    let k = values(t * 8, 1);
-    let v = values(t * 5, 2);
-    let q = values(t * 16, 3);
+    let k = values(1, t * 8);
+    let v = values(2, t * 5);
+    let q = values(3, t * 16);
     let (pool, table) = shuffled_pool(&s, 7, t, &k, &v, 4);
     for isa in isas() {
         let got = tiled_with(isa, &q, &pool, 1, &table, 0, &s, 1.0);

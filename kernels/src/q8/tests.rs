@@ -1,20 +1,7 @@
 //! Tests of the Q8_0 encoder, decoder and fused products.
 
 use super::*;
-
-fn values(seed: u64, len: usize) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use crate::testing::values;
 
 /// `x · Wᵀ` of the decoded weights in f64.
 fn reference(x: &[f32], n: usize, w: &[f32], rows: usize, cols: usize) -> Vec<f64> {
@@ -96,7 +83,7 @@ fn f32_product_equals_the_decoded_weights_product() {
 fn int8_product_equals_the_exact_integer_block_dot() {
     // Reference: activations rounded with the same rule, dot in f64. Only f32
     // rounding of the per-block terms separates the kernel from it (1e-5 rel).
-    if !vnni_available() {
+    if !cpu::features().avx512_vnni {
         eprintln!("skipped: no AVX-512 VNNI on this CPU");
         return;
     }

@@ -654,5 +654,4 @@ impl ChunkHead {
 }
 
 #[cfg(test)]
-#[path = "kda_tests.rs"]
 mod tests;

@@ -18,12 +18,11 @@
 //!
 //! The scalar `*_ref` functions accumulate in f64 and are the test oracles.
 
-use std::cell::RefCell;
-use std::sync::OnceLock;
-
 use half::prelude::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
+use std::cell::RefCell;
 
+use crate::cpu::{self, Isa};
 use crate::split::OutPtr;
 
 #[cfg(target_arch = "x86_64")]
@@ -60,43 +59,18 @@ const TILE_MIN_ROWS: usize = 16;
 /// See [`TILE_MIN_ROWS`].
 const TILE_MAX_ROWS: usize = 256;
 
-/// The instruction set a kernel runs with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
-    /// Portable Rust, no explicit SIMD.
-    Scalar,
-    /// AVX2 + FMA (+ F16C for f16 weights), 8 lanes.
-    Avx2,
-    /// AVX-512F, 16 lanes.
-    Avx512,
-}
-
-/// The best instruction set this CPU supports, detected once.
+/// The best instruction set this CPU runs the GEMV with: as [`Isa::best`],
+/// except that the AVX2 build also needs F16C (it widens f16 weights).
 fn detected_isa() -> Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        [Isa::Avx512, Isa::Avx2]
-            .into_iter()
-            .find(|&i| supported(i))
-            .unwrap_or(Isa::Scalar)
-    })
+    [Isa::Avx512, Isa::Avx2]
+        .into_iter()
+        .find(|&i| supported(i))
+        .unwrap_or(Isa::Portable)
 }
 
-/// Whether this CPU can run kernels of instruction set `isa`.
+/// Whether this CPU can run GEMV kernels of instruction set `isa`.
 fn supported(isa: Isa) -> bool {
-    match isa {
-        Isa::Scalar => true,
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-        }
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => is_x86_feature_detected!("avx512f"),
-        #[cfg(not(target_arch = "x86_64"))]
-        _ => false,
-    }
+    isa.supported() && (isa != Isa::Avx2 || cpu::features().f16c)
 }
 
 /// A weight element type the GEMV kernels can read.
@@ -802,5 +776,4 @@ fn gemm_tiled(
 }
 
 #[cfg(test)]
-#[path = "gemm_tests.rs"]
 mod tests;

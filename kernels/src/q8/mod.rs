@@ -23,6 +23,7 @@
 
 use rayon::prelude::*;
 
+use crate::cpu::{self, Isa};
 use crate::error::{Error, Result};
 use crate::split::{for_row_ranges, OutPtr};
 
@@ -30,10 +31,12 @@ use crate::split::{for_row_ranges, OutPtr};
 pub const BLOCK: usize = 32;
 
 /// How activations meet quantized weights in [`matmul_q8_0`] (and the MXFP4
-/// kernels' int8 variant).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// kernels' int8 variant). Each quantized [`crate::Matrix`] carries one
+/// ([`crate::Matrix::with_activations`]); the default is `F32`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Activations {
     /// Activations stay f32: the product equals the decoded weights' f32 GEMM.
+    #[default]
     F32,
     /// Activations are rounded to int8 per 32-element block (`d = amax/127`):
     /// integer dot products, about 0.3–1% relative error on the outputs.
@@ -162,11 +165,11 @@ pub fn matmul_q8_0(
     if n == 0 || rows == 0 {
         return;
     }
-    if act == Activations::Int8 && vnni_available() {
+    if act == Activations::Int8 && cpu::features().avx512_vnni {
         return matmul_int8(x, n, q, d, rows, cols, out);
     }
     let out_ptr = OutPtr(out.as_mut_ptr());
-    let wide = wide_f32_available();
+    let wide = Isa::Avx2.supported();
     for_row_ranges(rows, cols + cols / BLOCK * 4, MIN_TASK_BYTES, |r0, r1| {
         for r in r0..r1 {
             let (qr, dr) = (
@@ -192,27 +195,6 @@ pub fn matmul_q8_0(
             }
         }
     });
-}
-
-/// Whether the int8 kernel runs on this CPU (AVX-512 F, BW and VNNI).
-pub fn vnni_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-fn wide_f32_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// `Σ_b d_b · Σ_j q_bj · x_bj` in f32, eight independent lanes per block so the
@@ -286,7 +268,8 @@ impl QuantizedRows {
 }
 
 /// The VNNI product: weight rows four at a time against activation rows four
-/// at a time. Only called when [`vnni_available`].
+/// at a time. Only called when the CPU has AVX-512 VNNI
+/// ([`cpu::Features::avx512_vnni`]).
 fn matmul_int8(
     x: &[f32],
     n: usize,
@@ -353,7 +336,7 @@ fn matmul_int8(
         }
     });
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("matmul_int8 is only reached when vnni_available()");
+    unreachable!("matmul_int8 is only reached with AVX-512 VNNI");
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -441,5 +424,4 @@ mod x86 {
 }
 
 #[cfg(test)]
-#[path = "q8_tests.rs"]
 mod tests;

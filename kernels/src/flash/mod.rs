@@ -54,11 +54,10 @@
 //! scale by `2^n`; relative error below 1e-6 on `[−87.3, 88]` (tested
 //! against f64), exactly 0 below −87.3 (including −∞), exactly 1 at 0.
 
-use std::sync::OnceLock;
-
 use rayon::prelude::*;
 
 use crate::attention::AttnShape;
+use crate::cpu::Isa;
 use crate::paged::KvPool;
 use crate::split::OutPtr;
 
@@ -100,7 +99,7 @@ pub fn paged_attention_tiled(
     out: &mut [f32],
 ) {
     attend_with(
-        detected_isa(),
+        Isa::best(),
         Call {
             q,
             pool,
@@ -150,7 +149,7 @@ pub fn latent_attention_tiled(
         v_dim,
     };
     attend_with(
-        detected_isa(),
+        Isa::best(),
         Call {
             q,
             pool,
@@ -187,51 +186,6 @@ struct Call<'a> {
     latent: bool,
 }
 
-/// The instruction set a call runs with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
-    /// Portable Rust, 8 lanes.
-    Portable,
-    /// AVX2 + FMA, 8 lanes.
-    Avx2,
-    /// AVX-512F, 16 lanes.
-    Avx512,
-}
-
-impl Isa {
-    /// f32 lanes of one vector.
-    fn lanes(self) -> usize {
-        match self {
-            Isa::Avx512 => 16,
-            Isa::Avx2 | Isa::Portable => 8,
-        }
-    }
-}
-
-/// The best instruction set of this CPU, detected once.
-fn detected_isa() -> Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        [Isa::Avx512, Isa::Avx2]
-            .into_iter()
-            .find(|&i| supported(i))
-            .unwrap_or(Isa::Portable)
-    })
-}
-
-/// Whether this CPU can run kernels of instruction set `isa`.
-fn supported(isa: Isa) -> bool {
-    match isa {
-        Isa::Portable => true,
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => is_x86_feature_detected!("avx512f"),
-        #[cfg(not(target_arch = "x86_64"))]
-        _ => false,
-    }
-}
-
 /// How a call is cut into pieces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Plan {
@@ -264,7 +218,7 @@ impl Plan {
             (unit, qb)
         };
         let mut isa = best;
-        if isa == Isa::Avx512 && group * t.min(blocks_for(16).1) <= 8 && supported(Isa::Avx2) {
+        if isa == Isa::Avx512 && group * t.min(blocks_for(16).1) <= 8 && Isa::Avx2.supported() {
             isa = Isa::Avx2;
         }
         let (unit, mut qb) = blocks_for(isa.lanes());
@@ -850,10 +804,8 @@ unsafe fn pv_block<S: Simd, const MR: usize, const NC: usize>(
     }
 }
 
-#[path = "flash_simd.rs"]
 mod simd;
 use simd::*;
 
 #[cfg(test)]
-#[path = "flash_tests.rs"]
 mod tests;

@@ -1,28 +1,13 @@
-//! Tests of [`super`] (mxfp4.rs): every fast path against its plain reference.
+//! Tests of [`super`] (mxfp4): every fast path against its plain reference.
 
 use super::*;
-
-/// Deterministic xorshift generator (no `rand` dependency).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform in [-1, 1).
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
+use crate::testing::Rng;
 
 /// Random packed matrix with scale bytes around 2^0 (120..=130).
 fn random_packed(rng: &mut Rng, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
     let nb = rows * cols / 32;
-    let blocks = (0..nb * 16).map(|_| rng.next() as u8).collect();
-    let scales = (0..nb).map(|_| 120 + (rng.next() % 11) as u8).collect();
+    let blocks = (0..nb * 16).map(|_| rng.next_u64() as u8).collect();
+    let scales = (0..nb).map(|_| 120 + (rng.next_u64() % 11) as u8).collect();
     (blocks, scales)
 }
 
@@ -43,17 +28,7 @@ fn reference(x: &[f32], n: usize, w: &[f32], rows: usize, cols: usize) -> (Vec<f
 
 /// Kernels this CPU can run.
 fn available_isas() -> Vec<Isa> {
-    let mut v = vec![Isa::Scalar];
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            v.push(Isa::Avx2);
-        }
-        if is_x86_feature_detected!("avx512f") {
-            v.push(Isa::Avx512);
-        }
-    }
-    v
+    Isa::ALL.into_iter().filter(|i| i.supported()).collect()
 }
 
 const SHAPES: [(usize, usize); 5] = [(1, 32), (7, 96), (37, 544), (130, 64), (19, 160)];
@@ -128,17 +103,17 @@ fn every_code_round_trips_at_every_scale() {
 
 #[test]
 fn quantize_of_decoded_block_is_identity_when_max_code_is_4_or_6() {
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     for _ in 0..5000 {
-        let mut block: [u8; 16] = std::array::from_fn(|_| rng.next() as u8);
-        let big = [6u8, 7, 14, 15][(rng.next() % 4) as usize];
-        let pos = (rng.next() % 32) as usize;
+        let mut block: [u8; 16] = std::array::from_fn(|_| rng.next_u64() as u8);
+        let big = [6u8, 7, 14, 15][(rng.next_u64() % 4) as usize];
+        let pos = (rng.next_u64() % 32) as usize;
         block[pos / 2] = if pos.is_multiple_of(2) {
             (block[pos / 2] & 0xF0) | big
         } else {
             (block[pos / 2] & 0x0F) | (big << 4)
         };
-        let scale = (rng.next() % 253) as u8; // 0..=252: decoded values stay finite
+        let scale = (rng.next_u64() % 253) as u8; // 0..=252: decoded values stay finite
         let mut vals = [0.0f32; 32];
         decode_block(&block, scale, &mut vals);
         assert_eq!(quantize_block(&vals), (block, scale));
@@ -147,10 +122,10 @@ fn quantize_of_decoded_block_is_identity_when_max_code_is_4_or_6() {
 
 #[test]
 fn quantize_error_is_within_half_a_grid_step_or_saturates() {
-    let mut rng = Rng(11);
+    let mut rng = Rng::new(11);
     for _ in 0..3000 {
-        let mag = 2f32.powi((rng.next() % 40) as i32 - 20);
-        let x: [f32; 32] = std::array::from_fn(|_| rng.f32() * mag);
+        let mag = 2f32.powi((rng.next_u64() % 40) as i32 - 20);
+        let x: [f32; 32] = std::array::from_fn(|_| rng.next_f32() * mag);
         let (b, s) = quantize_block(&x);
         let mut q = [0.0f32; 32];
         decode_block(&b, s, &mut q);
@@ -270,12 +245,12 @@ fn assert_close(y: &[f32], reference: &(Vec<f64>, Vec<f64>), cols: usize, what: 
 
 #[test]
 fn every_exact_kernel_matches_f64_reference_on_odd_shapes() {
-    let mut rng = Rng(3);
+    let mut rng = Rng::new(3);
     for &(rows, cols) in &SHAPES {
         let (blocks, scales) = random_packed(&mut rng, rows, cols);
         let w = dequantize(&blocks, &scales, rows, cols).expect("valid layout");
         for &n in &NS {
-            let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.next_f32()).collect();
             let want = reference(&x, n, &w, rows, cols);
             for isa in available_isas() {
                 for slice in [1, 4, slice_blocks(n, 128, 1)] {
@@ -298,16 +273,16 @@ fn every_exact_kernel_matches_f64_reference_on_odd_shapes() {
 
 #[test]
 fn k_sliced_products_match_reference() {
-    let mut rng = Rng(5);
+    let mut rng = Rng::new(5);
     let (rows, cols, n) = (5, 4160, 33); // 130 blocks
     let (blocks, scales) = random_packed(&mut rng, rows, cols);
     let w = dequantize(&blocks, &scales, rows, cols).expect("valid layout");
-    let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.next_f32()).collect();
     let want = reference(&x, n, &w, rows, cols);
     for slice in [7, 64, 130, slice_blocks(n, 128, 1)] {
         let mut y = vec![f32::NAN; n * rows];
         matmul_exact(
-            Isa::detect(),
+            Isa::best(),
             slice,
             &x,
             n,
@@ -357,13 +332,13 @@ fn q8_scalar(x: &[f32], w_blocks: &[u8], scales: &[u8]) -> f64 {
 
 #[test]
 fn q8_kernel_matches_scalar_int8_model_and_stays_within_its_bound() {
-    let mut rng = Rng(9);
+    let mut rng = Rng::new(9);
     for &(rows, cols) in &SHAPES {
         let (blocks, scales) = random_packed(&mut rng, rows, cols);
         let w = dequantize(&blocks, &scales, rows, cols).expect("valid layout");
         let nb = cols / 32;
         for &n in &NS {
-            let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() * 3.0).collect();
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.next_f32() * 3.0).collect();
             let (want, mag) = reference(&x, n, &w, rows, cols);
             let mut y = vec![f32::NAN; n * rows];
             matmul_mxfp4_q8(&x, n, &blocks, &scales, rows, cols, &mut y);
@@ -420,13 +395,13 @@ fn q8_kernel_matches_scalar_int8_model_and_stays_within_its_bound() {
 
 #[test]
 fn nan_scale_block_makes_only_its_rows_nan_in_every_kernel() {
-    let mut rng = Rng(13);
+    let mut rng = Rng::new(13);
     let (rows, cols) = (9, 160);
     let (blocks, mut scales) = random_packed(&mut rng, rows, cols);
     scales[3 * 5 + 4] = E8M0_NAN; // row 3, last block (a tail group in the int8 kernel)
     scales[7 * 5] = 0; // row 7, the subnormal scale 2^-127 stays finite
     for n in [1, 5, 17] {
-        let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.next_f32()).collect();
         let mut runs: Vec<(String, Vec<f32>)> = Vec::new();
         for isa in available_isas() {
             for slice in [2, slice_blocks(n, 128, 1)] {
@@ -472,12 +447,12 @@ fn vector_activation_rounding_equals_the_plain_loop() {
         eprintln!("skipped: no AVX-512 VNNI on this CPU");
         return;
     }
-    let mut rng = Rng(77);
+    let mut rng = Rng::new(77);
     for blocks in [1usize, 3, 4, 18, 48] {
         let cols = blocks * 32;
         let ng = blocks.div_ceil(4);
         // Exact halves after scaling (amax 127 → inv 1) exercise ties-to-even.
-        let mut x: Vec<f32> = (0..cols).map(|_| rng.f32() * 5.0).collect();
+        let mut x: Vec<f32> = (0..cols).map(|_| rng.next_f32() * 5.0).collect();
         x[0] = 127.0;
         x[1] = 2.5;
         x[2] = -3.5;

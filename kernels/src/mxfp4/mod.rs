@@ -35,6 +35,7 @@
 //! kernel has to interleave decoded values. Work is split over the rayon pool
 //! by ranges of weight rows.
 
+use crate::cpu::Isa;
 use crate::error::{Error, Result};
 use crate::split::{for_row_ranges, OutPtr};
 
@@ -263,7 +264,7 @@ pub fn matmul_mxfp4(
     out: &mut [f32],
 ) {
     matmul_exact(
-        Isa::detect(),
+        Isa::best(),
         slice_blocks(n, 4 * BLOCK_ELEMS, 1),
         x,
         n,
@@ -314,37 +315,10 @@ pub fn matmul_mxfp4_q8(
 // ---------------------------------------------------------------------------
 // Dispatch and drivers.
 
-/// Instruction set a kernel is compiled for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
-    /// Portable loop; the fallback everywhere.
-    Scalar,
-    /// x86-64 AVX2 + FMA.
-    Avx2,
-    /// x86-64 AVX-512F.
-    Avx512,
-}
-
-impl Isa {
-    /// The best kernel this CPU runs.
-    fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Scalar
-    }
-}
-
 /// Whether the int8 kernel of [`matmul_mxfp4_q8`] runs on this CPU
 /// (AVX-512 F, BW and VNNI, as the Q8_0 kernel).
 fn q8_available() -> bool {
-    crate::q8::vnni_available()
+    crate::cpu::features().avx512_vnni
 }
 
 /// Panics unless the arguments describe `out[n, rows] = x[n, cols] · Wᵀ`.
@@ -706,7 +680,7 @@ fn rows_dot<const MW: usize, const NX: usize>(
         );
     }
     match isa {
-        // SAFETY: Avx512/Avx2 are only chosen when the CPU has them (Isa::detect,
+        // SAFETY: Avx512/Avx2 are only chosen when the CPU has them (Isa::best,
         // or tests that check first); lengths asserted above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { x86::rows_dot_avx512(w, xs) },
@@ -880,9 +854,7 @@ fn q8_dot<const MW: usize, const NX: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[path = "mxfp4_x86.rs"]
 mod x86;
 
 #[cfg(test)]
-#[path = "mxfp4_tests.rs"]
 mod tests;

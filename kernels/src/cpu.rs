@@ -1,0 +1,124 @@
+//! CPU feature detection, done once per process, for every kernel.
+//!
+//! Kernels come in up to three builds of one algorithm: portable Rust (the
+//! only one off x86-64, and the test oracle of the others), AVX2 + FMA
+//! (8 f32 lanes) and AVX-512F (16 f32 lanes). [`Isa`] names those builds;
+//! [`Isa::best`] is the widest this CPU runs. A few kernels need one more
+//! feature, read from [`features`]: the bf16/f16 GEMV's AVX2 build needs F16C
+//! (`gemm` asks for it), and the int8 kernels of MXFP4 and Q8_0 need AVX-512
+//! F, BW and VNNI together ([`Features::avx512_vnni`]).
+//!
+//! Detection runs on first use and is cached in a `OnceLock`; a kernel handed
+//! an [`Isa`] may only run it when [`Isa::supported`] says so (the `unsafe`
+//! calls into `#[target_feature]` code rely on that).
+
+use std::sync::OnceLock;
+
+/// The x86-64 features kernels branch on (all `false` off x86-64).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Features {
+    /// AVX2 and FMA: the 8-lane f32 builds.
+    pub avx2_fma: bool,
+    /// F16C: the AVX2 build widens f16 weights with `vcvtph2ps`.
+    pub f16c: bool,
+    /// AVX-512F: the 16-lane f32 builds.
+    pub avx512f: bool,
+    /// AVX-512 F, BW and VNNI together: the int8 dot products of the MXFP4
+    /// and Q8_0 kernels with int8 activations.
+    pub avx512_vnni: bool,
+}
+
+impl Features {
+    /// Asks the CPU.
+    fn detect() -> Features {
+        #[cfg(target_arch = "x86_64")]
+        {
+            Features {
+                avx2_fma: is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+                f16c: is_x86_feature_detected!("f16c"),
+                avx512f: is_x86_feature_detected!("avx512f"),
+                avx512_vnni: is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Features::default()
+    }
+}
+
+/// The features of this CPU, detected on first call.
+pub fn features() -> Features {
+    static FEATURES: OnceLock<Features> = OnceLock::new();
+    *FEATURES.get_or_init(Features::detect)
+}
+
+/// The instruction set one build of a kernel is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// Portable Rust, no explicit SIMD.
+    Portable,
+    /// AVX2 + FMA, 8 f32 lanes.
+    Avx2,
+    /// AVX-512F, 16 f32 lanes.
+    Avx512,
+}
+
+impl Isa {
+    /// Every instruction set, widest first.
+    pub const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Portable];
+
+    /// Whether this CPU runs builds of `self`.
+    pub fn supported(self) -> bool {
+        let f = features();
+        match self {
+            Isa::Portable => true,
+            Isa::Avx2 => f.avx2_fma,
+            Isa::Avx512 => f.avx512f,
+        }
+    }
+
+    /// The widest instruction set this CPU runs.
+    pub fn best() -> Isa {
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.supported())
+            .expect("Portable is always supported")
+    }
+
+    /// f32 lanes of one vector (the portable builds use 8, like AVX2).
+    pub fn lanes(self) -> usize {
+        match self {
+            Isa::Avx512 => 16,
+            Isa::Avx2 | Isa::Portable => 8,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_is_supported_and_no_wider_set_is() {
+        let best = Isa::best();
+        assert!(best.supported());
+        let wider = Isa::ALL.iter().take_while(|&&i| i != best);
+        assert!(wider.clone().all(|i| !i.supported()), "{best:?}");
+        assert!(Isa::Portable.supported());
+    }
+
+    #[test]
+    fn detection_agrees_with_the_standard_library() {
+        let f = features();
+        assert_eq!(f, features(), "detected once, same answer");
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert_eq!(f.avx512f, is_x86_feature_detected!("avx512f"));
+            assert_eq!(f.f16c, is_x86_feature_detected!("f16c"));
+        }
+        if f.avx512_vnni {
+            assert!(f.avx512f);
+        }
+    }
+}
