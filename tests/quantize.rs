@@ -457,15 +457,7 @@ fn inspect_delegates_gguf_files() {
 
 /// Deterministic weights in [-0.5, 0.5).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect()
+    caracal_kernels::testing::Rng::seeded(seed).vec(n, 0.5)
 }
 
 fn mx_bytes(m: &Matrix) -> (Vec<u8>, Vec<u8>) {

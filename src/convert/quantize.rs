@@ -691,16 +691,9 @@ pub fn quantize_checkpoint(
 mod tests {
     use super::*;
 
+    /// Deterministic weights in [-0.1, 0.1).
     fn lcg_values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 0.2
-            })
-            .collect()
+        caracal_kernels::testing::Rng::seeded(seed).vec(n, 0.1)
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests: fixture paths and reference
-//! files, scratch folders, the SmolLM2 GGUF, a deterministic generator.
+//! files, scratch folders, the SmolLM2 GGUF. (Deterministic test data comes
+//! from the one generator, `caracal_kernels::testing`.)
 //!
 //! Each test file takes what it needs with `mod common;`; items a file does
 //! not use are allowed to stay unused.
@@ -108,31 +109,5 @@ pub fn smollm2_gguf(what: &str) -> Option<PathBuf> {
             path.display()
         );
         None
-    }
-}
-
-/// A deterministic 64-bit LCG (Knuth's MMIX constants): the same seed gives
-/// the same stream on every machine.
-pub struct Lcg(pub u64);
-
-impl Lcg {
-    /// The next state.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0
-    }
-
-    /// Uniform in [-0.5, 0.5), from the top 24 bits.
-    pub fn centered(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-    }
-
-    /// `n` values from [`Lcg::centered`].
-    pub fn values(seed: u64, n: usize) -> Vec<f32> {
-        let mut g = Lcg(seed);
-        (0..n).map(|_| g.centered()).collect()
     }
 }

@@ -594,14 +594,9 @@ mod tests {
                 "cut at {cut}"
             );
         }
-        let mut seed = 42u64;
+        let mut rng = caracal_kernels::testing::Rng::seeded(42);
         for _ in 0..50 {
-            let sizes = std::iter::from_fn(|| {
-                seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                Some(1 + ((seed >> 33) % 12) as usize)
-            });
+            let sizes = std::iter::from_fn(|| Some(1 + ((rng.next_u64() >> 33) % 12) as usize));
             assert_eq!(
                 parse_in_pieces(K2StreamParser::new(), OUTPUT, sizes.take(1000)),
                 want

@@ -796,12 +796,9 @@ mod tests {
     fn parallel_dequantize_equals_serial_blocks() {
         let n_blocks = 600; // 153,600 weights: above the parallel threshold
         let mut bytes = vec![0u8; n_blocks * 144];
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut rng = caracal_kernels::testing::Rng::new(0x2545_F491_4F6C_DD1D);
         for b in bytes.iter_mut() {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            *b = state as u8;
+            *b = rng.next_u64() as u8;
         }
         for blk in bytes.chunks_exact_mut(144) {
             blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());

@@ -90,15 +90,10 @@ fn naive_bpe(ranks: &FxHashMap<Vec<u8>, u32>, piece: &[u8]) -> Vec<u32> {
     parts.iter().map(|p| ranks[p]).collect()
 }
 
-/// A deterministic byte generator (64-bit LCG), biased to a few letters so merges happen.
-fn pseudo_bytes(seed: &mut u64, len: usize, alphabet: &[u8]) -> Vec<u8> {
+/// Deterministic bytes from a small alphabet, so that merges happen.
+fn pseudo_bytes(rng: &mut caracal_kernels::testing::Rng, len: usize, alphabet: &[u8]) -> Vec<u8> {
     (0..len)
-        .map(|_| {
-            *seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            alphabet[((*seed >> 33) as usize) % alphabet.len()]
-        })
+        .map(|_| alphabet[((rng.next_u64() >> 33) as usize) % alphabet.len()])
         .collect()
 }
 
@@ -207,10 +202,10 @@ fn char_chunks_cut_every_n_chars() {
 fn scan_and_heap_merges_equal_naive_merge_on_tiny_ranks() {
     let ranks = tiny_ranks();
     let tok = TiktokenTokenizer::new(ranks.clone(), vec![], KIMI_PATTERN).unwrap();
-    let mut seed = 7u64;
+    let mut rng = caracal_kernels::testing::Rng::seeded(7);
     for len in [2usize, 3, 5, 8, 17, 64, 127, 128, 200, 513] {
         for _ in 0..20 {
-            let piece = pseudo_bytes(&mut seed, len, b"aab");
+            let piece = pseudo_bytes(&mut rng, len, b"aab");
             let want = naive_bpe(&ranks, &piece);
             let scan: Vec<u32> = tok
                 .merge_scan(&piece)
@@ -246,7 +241,7 @@ fn scan_and_heap_merges_equal_naive_merge_on_cl100k() {
     let text = std::fs::read_to_string(&path).unwrap();
     let ranks = parse_rank_file(&text, &path).unwrap();
     let tok = TiktokenTokenizer::new(ranks.clone(), vec![], CL100K_PATTERN).unwrap();
-    let mut seed = 11u64;
+    let mut rng = caracal_kernels::testing::Rng::seeded(11);
     for len in [2usize, 7, 33, 99, 150, 400] {
         for alphabet in [
             &b"abcde fgh"[..],
@@ -254,7 +249,7 @@ fn scan_and_heap_merges_equal_naive_merge_on_cl100k() {
             b"0123456789",
             "éà中🦀".as_bytes(),
         ] {
-            let piece = pseudo_bytes(&mut seed, len, alphabet);
+            let piece = pseudo_bytes(&mut rng, len, alphabet);
             let want = naive_bpe(&ranks, &piece);
             let scan: Vec<u32> = tok
                 .merge_scan(&piece)
@@ -468,19 +463,19 @@ fn streaming_cl100k_ids_equals_full_decode() {
 
 #[test]
 fn streaming_invalid_bytes_equals_lossy_decode() {
-    let mut seed = 3u64;
+    let mut rng = caracal_kernels::testing::Rng::seeded(3);
     let alphabet: Vec<u8> = [
         b'a', 0x80, 0xbf, 0xc3, 0xa9, 0xe4, 0xb8, 0xad, 0xf0, 0x9f, 0xa6, 0x80, 0xff,
     ]
     .to_vec();
     for len in [1usize, 2, 5, 16, 64] {
         for _ in 0..50 {
-            let bytes = pseudo_bytes(&mut seed, len, &alphabet);
+            let bytes = pseudo_bytes(&mut rng, len, &alphabet);
             let mut dec = ByteStreamDecoder::new();
             let mut out = String::new();
             let mut i = 0;
             while i < bytes.len() {
-                let step = 1 + (pseudo_bytes(&mut seed, 1, &[0, 1, 2])[0] as usize);
+                let step = 1 + (pseudo_bytes(&mut rng, 1, &[0, 1, 2])[0] as usize);
                 let end = (i + step).min(bytes.len());
                 out.push_str(&dec.push_bytes(&bytes[i..end]));
                 i = end;
