@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! Engine::submit(ValidRequest)                        Engine::memory_stats()
-//!   │ AdmissionGate slot + id (atomics; full → overloaded)      ▲
+//!   │ AdmissionGate slot + id (full → overloaded)               ▲
 //!   ▼                                                           │ EngineStats (watch,
 //! command queue (bounded) ──► scheduler thread ─────────────────┘  published every step)
 //!   Admit / Cancel / SessionClosed   │ owns SessionMemory (radix tree, pages, pins)
@@ -13,9 +13,11 @@
 //! ```
 //!
 //! Nothing on the submitting side waits for a forward: a submission takes a
-//! waiting slot and an id with two atomic updates and queues the request
-//! with `try_send`; control commands wait for room in the queue (bounded,
-//! never dropped); counters are read from the last published snapshot.
+//! waiting slot and an id without locking anything the scheduler holds and
+//! queues the request with `try_send` (offline callers may instead wait
+//! for a slot: [`Engine::submit_queued`]); control commands wait for room
+//! in the queue (bounded, never dropped); counters are read from the last
+//! published snapshot.
 //! Dropping the last `Engine` handle stops the scheduler after its current
 //! step: requests still running see their stream end without `Finished`.
 
@@ -146,15 +148,9 @@ impl Engine {
     pub fn try_submit(&self, request: ValidRequest) -> Result<Submission, SubmitError> {
         validate_request(&request, &self.info)?;
         self.gate.try_acquire()?;
-        let id = self.gate.next_id();
-        let (tx, rx) = mpsc::channel(self.credit);
-        let cmd = SchedulerCommand::Admit(AdmitRequest {
-            id,
-            request,
-            events: tx,
-        });
+        let (id, cmd, events) = self.admit_command(request);
         match self.commands.try_send(cmd) {
-            Ok(()) => Ok(Submission { id, events: rx }),
+            Ok(()) => Ok(Submission { id, events }),
             Err(e) => {
                 self.gate.release(1);
                 Err(match e {
@@ -176,6 +172,35 @@ impl Engine {
         request: ValidRequest,
     ) -> Result<mpsc::Receiver<TokenEvent>, SubmitError> {
         self.try_submit(request).map(|s| s.events)
+    }
+
+    /// Submits a request, waiting (in arrival order) for a waiting slot
+    /// instead of answering "overloaded": for offline callers that hand
+    /// over more requests than may wait at once (`caracal batch`).
+    pub async fn submit_queued(&self, request: ValidRequest) -> Result<Submission, SubmitError> {
+        validate_request(&request, &self.info)?;
+        self.gate.acquire().await?;
+        let (id, cmd, events) = self.admit_command(request);
+        if self.commands.send(cmd).await.is_err() {
+            self.gate.release(1);
+            return Err(SubmitError::Stopped);
+        }
+        Ok(Submission { id, events })
+    }
+
+    /// An id, the admit command and the receiver of a new request.
+    fn admit_command(
+        &self,
+        request: ValidRequest,
+    ) -> (RequestId, SchedulerCommand, mpsc::Receiver<TokenEvent>) {
+        let id = self.gate.next_id();
+        let (tx, rx) = mpsc::channel(self.credit);
+        let cmd = SchedulerCommand::Admit(AdmitRequest {
+            id,
+            request,
+            events: tx,
+        });
+        (id, cmd, rx)
     }
 
     /// Cancels request `id`: it ends with a `cancelled` error and caches

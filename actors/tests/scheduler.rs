@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -146,6 +147,34 @@ fn full_queue_is_refused_at_once_while_a_forward_runs() {
     engine
         .try_submit(greedy(vec![9, 9], 2, None))
         .expect("slots came back when the queued requests were admitted");
+}
+
+#[test]
+fn queued_submission_waits_for_a_slot_instead_of_being_refused() {
+    let gate = ForwardGate::armed();
+    let model = Arc::new(CountingLm::gated(gate.clone()));
+    let mut cfg = engine_cfg(64);
+    cfg.scheduler.max_waiting_requests = 1;
+    let engine = Engine::start(model, cfg, None);
+    let first = engine.try_submit(greedy(vec![1, 2], 2, None)).unwrap();
+    gate.wait_until_running();
+    let second = engine.try_submit(greedy(vec![3, 4], 2, None)).unwrap();
+    assert!(matches!(
+        engine.try_submit(greedy(vec![5, 6], 2, None)),
+        Err(SubmitError::Overloaded { .. })
+    ));
+    let third = block_on(async {
+        let mut queued = std::pin::pin!(engine.submit_queued(greedy(vec![5, 6], 2, None)));
+        let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(queued.as_mut().poll(cx)));
+        assert!(polled.await.is_pending(), "the queue is full: it must wait");
+        gate.release();
+        queued
+            .await
+            .expect("a slot frees once the scheduler admits")
+    });
+    assert_eq!(read_all(first.events).ids, expected(&[1, 2], 2));
+    assert_eq!(read_all(second.events).ids, expected(&[3, 4], 2));
+    assert_eq!(read_all(third.events).ids, expected(&[5, 6], 2));
 }
 
 #[test]

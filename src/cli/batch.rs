@@ -70,23 +70,20 @@ pub fn run(a: BatchArgs) -> Result<()> {
     let (results, wall) = sys.block_on(async move {
         let engine = Engine::start(model, cfg, detok);
         let t0 = Instant::now();
-        let mut pending = Vec::new();
-        for spec in specs {
-            pending.push(match spec {
+        // Each line submits (waiting for a slot, in input order, rather than
+        // being refused) and then reads its stream; all lines run at once, so
+        // running streams are read while later lines wait for slots.
+        let engine = &engine;
+        let collect = specs.into_iter().map(|spec| async move {
+            let (prompt_tokens, mut rx) = match spec {
                 Ok(req) => {
                     let prompt_tokens = req.prompt.len();
-                    match engine.submit(req).await {
-                        Ok(rx) => Ok((prompt_tokens, rx)),
-                        Err(e) => Err((e.kind(), e.to_string())),
+                    match engine.submit_queued(req).await {
+                        Ok(sub) => (prompt_tokens, sub.events),
+                        Err(e) => return error_line(e.kind(), e.to_string()),
                     }
                 }
-                Err(msg) => Err((ErrorKind::InvalidRequest, msg)),
-            });
-        }
-        let collect = pending.into_iter().map(|p| async move {
-            let (prompt_tokens, mut rx) = match p {
-                Ok(x) => x,
-                Err((kind, message)) => return error_line(kind, message),
+                Err(msg) => return error_line(ErrorKind::InvalidRequest, msg),
             };
             let mut ids = Vec::new();
             let mut t_first = None;
