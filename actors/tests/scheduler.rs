@@ -84,6 +84,11 @@ fn engine_cfg(pages: usize) -> EngineConfig {
     }
 }
 
+/// True once in `n` draws.
+fn one_in(rng: &mut Rng, n: u64) -> bool {
+    rng.next_u64().is_multiple_of(n)
+}
+
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .build()
@@ -286,7 +291,7 @@ fn memory_pressure_leaks_no_page_or_lock() {
             let mut prompt = base[..1 + (rng.next_u64() % 24) as usize].to_vec();
             prompt.extend((0..rng.next_u64() % 5).map(|_| 1 + (rng.next_u64() % 58) as u32));
             // Now and then a request that can never get its pages.
-            let max_tokens = if rng.next_u64() % 15 == 0 {
+            let max_tokens = if one_in(&mut rng, 15) {
                 200
             } else {
                 1 + (rng.next_u64() % 12) as usize
@@ -296,7 +301,7 @@ fn memory_pressure_leaks_no_page_or_lock() {
                 1 => Some("s1"),
                 _ => None,
             };
-            let hang_up_after = (rng.next_u64() % 8 == 0).then(|| (rng.next_u64() % 3) as usize);
+            let hang_up_after = (one_in(&mut rng, 8)).then(|| (rng.next_u64() % 3) as usize);
             match engine.try_submit(greedy(prompt.clone(), max_tokens, session)) {
                 Ok(sub) => {
                     let id = sub.id;
@@ -316,11 +321,11 @@ fn memory_pressure_leaks_no_page_or_lock() {
                 Err(SubmitError::Overloaded { .. }) => {}
                 Err(e) => panic!("unexpected refusal: {e}"),
             }
-            if rng.next_u64() % 10 == 0 && !readers.is_empty() {
+            if one_in(&mut rng, 10) && !readers.is_empty() {
                 let (id, ..) = &readers[(rng.next_u64() % readers.len() as u64) as usize];
                 block_on(engine.cancel(*id)).unwrap();
             }
-            if rng.next_u64() % 25 == 0 {
+            if one_in(&mut rng, 25) {
                 block_on(engine.close_session("s0")).unwrap();
             }
         }
@@ -390,11 +395,11 @@ fn state_under_pressure_is_quiescent_afterwards() {
         let base: Vec<u32> = (0..40).map(|j| 1 + (j * 7 % 58) as u32).collect();
         let mut clients = Vec::new();
         for round in 0..400 {
-            if round < 300 && rng.next_u64() % 2 == 0 {
+            if round < 300 && one_in(&mut rng, 2) {
                 let mut prompt = base[..1 + (rng.next_u64() % 30) as usize].to_vec();
                 prompt.push(1 + (rng.next_u64() % 58) as u32);
                 let n = 1 + (rng.next_u64() % 10) as usize;
-                let session = (rng.next_u64() % 3 == 0).then_some("s");
+                let session = (one_in(&mut rng, 3)).then_some("s");
                 let (tx, rx) = mpsc::channel(3);
                 let id = s.enqueue(greedy(prompt.clone(), n, session), tx).unwrap();
                 clients.push((id, prompt, Some(rx), Vec::new()));
@@ -419,15 +424,15 @@ fn state_under_pressure_is_quiescent_afterwards() {
                         }
                     }
                 }
-                if slot.is_some() && rng.next_u64() % 50 == 0 {
+                if slot.is_some() && one_in(&mut rng, 50) {
                     *slot = None; // hang up
                 }
             }
-            if rng.next_u64() % 20 == 0 && !clients.is_empty() {
+            if one_in(&mut rng, 20) && !clients.is_empty() {
                 let id = clients[(rng.next_u64() % clients.len() as u64) as usize].0;
                 s.cancel(id);
             }
-            if rng.next_u64() % 60 == 0 {
+            if one_in(&mut rng, 60) {
                 s.close_session("s");
             }
             s.step();
@@ -598,7 +603,10 @@ fn hybrid_follow_up_turn_restores_the_snapshot_it_hit() {
         s.step();
     }
     let second = read_all(rx);
-    assert!(second.cached > 0 && second.cached % 4 == 0, "{second:?}");
+    assert!(
+        second.cached > 0 && second.cached.is_multiple_of(4),
+        "{second:?}"
+    );
     // The model errors when its recurrent state disagrees with the KV rows.
     assert_eq!(second.end, End::Finished(FinishReason::Length));
     assert_eq!(second.ids, expected(&turn2, 6));

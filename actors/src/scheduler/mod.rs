@@ -720,7 +720,7 @@ impl SchedulerState {
     /// A failed forward fails every sequence it carried.
     fn fail_plan(&mut self, plan: &[Work], e: &EngineError) {
         let mut failed: Vec<usize> = plan.iter().map(Work::seq).collect();
-        failed.sort_unstable_by(|a, b| b.cmp(a));
+        failed.sort_unstable_by_key(|&i| std::cmp::Reverse(i));
         for i in failed {
             self.fail_running(i, ErrorKind::InternalError, e.to_string());
         }
@@ -739,10 +739,10 @@ impl SchedulerState {
         let mut finished = Vec::new();
         for (w, mode) in plan.iter().zip(modes) {
             let r = &mut self.running[w.seq()];
-            if hybrid && r.state.len % p == 0 {
+            if hybrid && r.state.len.is_multiple_of(p) {
                 let snap = r.state.linear.clone();
                 let prompt_boundary = r.state.len <= r.req.prompt.len();
-                if prompt_boundary || r.state.len % interval == 0 {
+                if prompt_boundary || r.state.len.is_multiple_of(interval) {
                     r.snapshots.push((r.state.len, snap));
                 } else {
                     r.decode_snapshot = Some((r.state.len, snap));
@@ -786,7 +786,7 @@ impl SchedulerState {
     /// Phase 6: commits finished sequences to session memory and queues
     /// their `Finished` events (sent after the counters are published).
     fn finish(&mut self, mut finished: Vec<(usize, FinishReason)>) {
-        finished.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         for (i, reason) in finished {
             let mut r = self.running.swap_remove(i);
             tracing::debug!(

@@ -34,13 +34,11 @@ pub fn next_id(sum: u64, len: usize) -> u32 {
 /// The tokens `n` greedy steps produce after `prompt`.
 pub fn expected(prompt: &[u32], n: usize) -> Vec<u32> {
     let mut sum: u64 = prompt.iter().map(|&t| t as u64).sum();
-    let mut len = prompt.len();
     let mut out = Vec::new();
-    for _ in 0..n {
+    for len in prompt.len()..prompt.len() + n {
         let t = next_id(sum, len);
         out.push(t);
         sum += t as u64;
-        len += 1;
     }
     out
 }
