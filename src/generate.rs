@@ -54,15 +54,8 @@ impl LoadedModel {
     }
 }
 
-/// Why generation stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// A stop id was produced.
-    Stop,
-    /// `max_tokens` or the context length was reached.
-    Length,
-}
+/// Why generation stopped (the runtime's type: `stop` / `length`).
+pub use caracal_actors::messages::FinishReason;
 
 /// What to generate.
 #[derive(Debug, Clone)]

@@ -55,7 +55,7 @@ async fn collect(mut rx: mpsc::Receiver<TokenEvent>) -> Done {
                 return Done {
                     ids,
                     cached: cache.cached_tokens,
-                    miss: cache.miss_reason,
+                    miss: cache.miss_reason.map(|r| r.to_string()).unwrap_or_default(),
                 }
             }
             TokenEvent::Error { kind, message } => panic!("{kind}: {message}"),
@@ -349,30 +349,26 @@ fn client_that_stops_reading_is_paused_not_buffered() {
         page_size: 4,
         ..Default::default()
     };
-    let mut s = SchedulerState::new(m, 128, cfg.clone(), None);
-    let mut mem = SessionMemory::new(MemoryConfig {
+    let mem = SessionMemory::new(MemoryConfig {
         num_pages: 128,
         page_size: 4,
         session_ttl: std::time::Duration::from_secs(60),
     });
+    let mut s = SchedulerState::with_memory(m, mem, cfg.clone(), None);
     let (tx, mut rx) = mpsc::channel(3);
     s.enqueue(greedy(vec![5, 6, 7], 50, None), tx).unwrap();
     let mut ran = 0;
-    while s.step(&mut mem) == StepOutcome::Ran {
+    while s.step() == StepOutcome::Ran {
         ran += 1;
         assert!(ran < 20, "kept decoding for a client that does not read");
     }
-    assert_eq!(s.step(&mut mem), StepOutcome::Paused);
+    assert_eq!(s.step(), StepOutcome::Paused);
     let mut got = 0;
     while rx.try_recv().is_ok() {
         got += 1;
     }
     assert_eq!(got, 3, "exactly the credit was produced");
-    assert_eq!(
-        s.step(&mut mem),
-        StepOutcome::Ran,
-        "reading resumes decoding"
-    );
+    assert_eq!(s.step(), StepOutcome::Ran, "reading resumes decoding");
 }
 
 proptest! {
@@ -391,8 +387,8 @@ proptest! {
             page_size: 4, max_running_requests: 6, max_batch_tokens: 48, chunked_prefill_size: 9,
             state_checkpoint_interval: 8, max_waiting_requests: 1000,
         };
-        let mut s = SchedulerState::new(m.clone(), pages, cfg, None);
-        let mut mem = SessionMemory::new(MemoryConfig { num_pages: pages, page_size: 4, session_ttl: std::time::Duration::from_secs(3600) });
+        let mem = SessionMemory::new(MemoryConfig { num_pages: pages, page_size: 4, session_ttl: std::time::Duration::from_secs(3600) });
+        let mut s = SchedulerState::with_memory(m.clone(), mem, cfg, None);
         let mut rng = caracal_kernels::sampling::Rng::new(seed);
         let bases: Vec<Vec<u32>> = (0..3).map(|b| (0..40).map(|j| 10 + ((b * 97 + j * 31) % 400) as u32).collect()).collect();
         let mut receivers: Vec<Option<mpsc::Receiver<TokenEvent>>> = Vec::new();
@@ -423,9 +419,9 @@ proptest! {
                     }
                 }
             }
-            s.step(&mut mem);
+            s.step();
         }
-        mem.check_quiescent().map_err(|e| TestCaseError::fail(e))?;
+        s.memory().check_quiescent().map_err(|e| TestCaseError::fail(e))?;
         prop_assert_eq!(s.stats().running, 0);
     }
 }

@@ -8,9 +8,12 @@
 //! ```text
 //! ClientEvent (gateway, src/)          client JSON / CLI line
 //!   → ValidRequest (gateway)           validated: ids, SamplingParams, limits
-//!   → AdmitRequest (Scheduler)         queued; prefix looked up in SessionMemory
-//!   → ScheduledBatch (Scheduler)       one batched forward per step: decode rows
-//!                                      of running sequences + prefill chunks
+//!   → AdmitRequest (Engine → Scheduler) bounded command queue; a waiting slot
+//!                                      and an id taken on submission
+//!   → ScheduledBatch (Scheduler)       one batched forward per step (a plan of
+//!                                      `Work`): decode rows of running
+//!                                      sequences + prefill chunks; prefixes
+//!                                      looked up in the SessionMemory it owns
 //!   → RunExperts (ExpertShard ×N)      routed MoE rows per shard, per layer
 //!   → TokenEvent (back to the caller)  token / finished / error, over the
 //!                                      request's own bounded channel
@@ -18,15 +21,20 @@
 //!
 //! Modules:
 //! - [`engine`]: the model interface the scheduler drives ([`engine::CausalLm`]).
-//! - [`messages`]: every cross-actor message, and nothing else.
-//! - [`scheduler`]: continuous batching, chunked prefill, sampling, cancellation.
+//! - [`messages`]: every cross-thread message, and nothing else.
+//! - [`scheduler`]: continuous batching, chunked prefill, sampling,
+//!   cancellation; owns session memory; [`scheduler::driver`] is its thread.
+//! - [`admission`]: the waiting-request bound and request ids shared by the
+//!   submitting side and the scheduler.
 //! - [`session_memory`]: KV page pool accounting, radix prefix cache, KDA state
-//!   snapshots, session pins.
+//!   snapshots, session pins (plain state owned by the scheduler).
+//! - [`stop`]: incremental stop-string matching.
 //! - [`expert_shard`]: per-device expert shards and the dispatcher that splits
 //!   routed rows between them.
 //! - [`pages`], [`radix`]: the plain data structures behind session memory.
-//! - [`runtime`]: starts the actors and hands out an [`runtime::Engine`] handle.
+//! - [`runtime`]: starts the threads and hands out an [`runtime::Engine`] handle.
 
+pub mod admission;
 pub mod engine;
 pub mod expert_shard;
 pub mod messages;
@@ -35,3 +43,4 @@ pub mod radix;
 pub mod runtime;
 pub mod scheduler;
 pub mod session_memory;
+pub mod stop;

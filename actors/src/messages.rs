@@ -1,17 +1,22 @@
-//! Every message that crosses an actor boundary, and nothing else.
+//! Every message that crosses an actor or thread boundary, and nothing else.
 //!
-//! Each message is a plain struct named as a command or event, with its
-//! reply type declared through `#[rtype]`. Replies that can fail carry a
-//! typed error.
+//! Each message is a plain struct named as a command or event. Commands to
+//! the scheduler travel as a [`SchedulerCommand`] over one bounded queue
+//! (the engine handle → the scheduler thread); events travel back over each
+//! request's own bounded channel as [`TokenEvent`]s; counters come back as
+//! a published [`EngineStats`] snapshot. Messages to expert shards are actix
+//! messages with their reply type declared through `#[rtype]`.
+//!
+//! Kinds that clients see (finish reasons, error kinds, cache-miss reasons)
+//! are enums with a stable `as_str()` spelling.
+
+use std::fmt;
 
 use actix::Message;
 use caracal_kernels::sampling::SamplingParams;
 use tokio::sync::mpsc;
 
-use crate::engine::LinearState;
-use crate::radix::NodeId;
-
-/// Identifies one request inside the scheduler.
+/// Identifies one request inside the scheduler (assigned when it is submitted).
 pub type RequestId = u64;
 
 /// When a request stops generating.
@@ -41,6 +46,22 @@ pub struct ValidRequest {
     pub stop: StopConditions,
 }
 
+/// Writes a kind enum as its stable spelling (JSON string).
+macro_rules! serialize_as_str {
+    ($t:ty) => {
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
 /// Why a request finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
@@ -60,6 +81,119 @@ impl FinishReason {
     }
 }
 
+serialize_as_str!(FinishReason);
+
+/// Stable kind of a failed request, as clients see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The waiting queue is full.
+    Overloaded,
+    /// The request is malformed or cannot run on this model.
+    InvalidRequest,
+    /// The prompt does not fit the model's context.
+    ContextLengthExceeded,
+    /// The request needs more KV pages than the pool can ever free.
+    KvCacheFull,
+    /// The client cancelled the request (by id, or by closing its session).
+    Cancelled,
+    /// The engine is not running.
+    EngineStopped,
+    /// The model failed while running the request.
+    InternalError,
+}
+
+impl ErrorKind {
+    /// The stable spelling (`overloaded`, `kv_cache_full`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Overloaded => "overloaded",
+            ErrorKind::InvalidRequest => "invalid_request",
+            ErrorKind::ContextLengthExceeded => "context_length_exceeded",
+            ErrorKind::KvCacheFull => "kv_cache_full",
+            ErrorKind::Cancelled => "cancelled",
+            ErrorKind::EngineStopped => "engine_stopped",
+            ErrorKind::InternalError => "internal_error",
+        }
+    }
+}
+
+serialize_as_str!(ErrorKind);
+
+/// Why part of a prompt did not come from the prefix cache. `Display` gives
+/// the human-readable sentence; [`MissReason::as_str`] the stable kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissReason {
+    /// Nothing is cached yet.
+    CacheEmpty,
+    /// The cache holds other prompts, none sharing a first page with this one.
+    NoCachedPrefix,
+    /// The prompt leaves the cached path partway.
+    Diverged {
+        /// Tokens that matched before the paths part.
+        after: usize,
+    },
+    /// The uncached tail is shorter than a page (only whole pages are cached).
+    PartialPage {
+        /// Prompt tokens after the cached prefix.
+        tail: usize,
+        /// Tokens per page.
+        page_size: usize,
+    },
+    /// A hybrid model's hit was cut back to the last KDA state snapshot.
+    SnapshotBehind {
+        /// Tokens whose KV is cached.
+        cached: usize,
+        /// Where the latest usable snapshot is.
+        snapshot_at: usize,
+    },
+    /// A hybrid model's cached KV has no KDA state snapshot at all.
+    NoSnapshot {
+        /// Tokens whose KV is cached.
+        cached: usize,
+    },
+}
+
+impl MissReason {
+    /// The stable kind (`cache_empty`, `prefix_diverged`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MissReason::CacheEmpty => "cache_empty",
+            MissReason::NoCachedPrefix => "no_cached_prefix",
+            MissReason::Diverged { .. } => "prefix_diverged",
+            MissReason::PartialPage { .. } => "partial_page",
+            MissReason::SnapshotBehind { .. } => "snapshot_behind",
+            MissReason::NoSnapshot { .. } => "no_snapshot",
+        }
+    }
+}
+
+impl fmt::Display for MissReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            MissReason::CacheEmpty => f.write_str("cache empty"),
+            MissReason::NoCachedPrefix => f.write_str("no cached prefix"),
+            MissReason::Diverged { after } => {
+                write!(f, "prefix diverges from the cache after {after} tokens")
+            }
+            MissReason::PartialPage { tail, page_size } => write!(
+                f,
+                "last {tail} tokens are not a whole cached page (page size {page_size})"
+            ),
+            MissReason::SnapshotBehind {
+                cached,
+                snapshot_at,
+            } => write!(
+                f,
+                "{cached} tokens cached but the last KDA state snapshot is at {snapshot_at}"
+            ),
+            MissReason::NoSnapshot { cached } => write!(
+                f,
+                "{cached} tokens cached but no KDA state snapshot covers them"
+            ),
+        }
+    }
+}
+
 /// How much of a prompt came from the prefix cache, and why the rest missed.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct CacheReport {
@@ -67,8 +201,8 @@ pub struct CacheReport {
     pub prompt_tokens: usize,
     /// Prompt tokens whose KV (and KDA state) came from the cache.
     pub cached_tokens: usize,
-    /// Why the uncached part missed (empty when everything hit).
-    pub miss_reason: String,
+    /// Why the uncached part missed (`None` when everything that can hit did).
+    pub miss_reason: Option<MissReason>,
 }
 
 /// What a request streams back, over its own bounded channel.
@@ -90,8 +224,8 @@ pub enum TokenEvent {
     },
     /// The request failed; no further events follow.
     Error {
-        /// Stable error type (`overloaded`, `context_length_exceeded`, ...).
-        kind: &'static str,
+        /// Stable error kind.
+        kind: ErrorKind,
         /// Human-readable message.
         message: String,
     },
@@ -108,6 +242,14 @@ pub enum SubmitError {
         /// The limit (`--max-waiting-requests`).
         limit: usize,
     },
+    /// The prompt leaves no room to generate within the model's context.
+    #[error("prompt has {prompt} tokens, but the context length is {context}")]
+    PromptTooLong {
+        /// Prompt tokens.
+        prompt: usize,
+        /// The model's context length.
+        context: usize,
+    },
     /// The request cannot run on this model.
     #[error("{0}")]
     Invalid(String),
@@ -116,25 +258,54 @@ pub enum SubmitError {
     Stopped,
 }
 
-/// Scheduler command: queue a request; tokens go to `events`.
-#[derive(Message)]
-#[rtype(result = "Result<RequestId, SubmitError>")]
+impl SubmitError {
+    /// The stable kind clients see.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            SubmitError::Overloaded { .. } => ErrorKind::Overloaded,
+            SubmitError::PromptTooLong { .. } => ErrorKind::ContextLengthExceeded,
+            SubmitError::Invalid(_) => ErrorKind::InvalidRequest,
+            SubmitError::Stopped => ErrorKind::EngineStopped,
+        }
+    }
+}
+
+/// Scheduler command: queue a request; its events go to `events`.
+#[derive(Debug)]
 pub struct AdmitRequest {
+    /// Id assigned on submission.
+    pub id: RequestId,
     /// The validated request.
     pub request: ValidRequest,
     /// Where its events go; dropping the receiver cancels the request.
     pub events: mpsc::Sender<TokenEvent>,
 }
 
-/// Scheduler command: run one step (sent by the scheduler to itself).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct RunStep;
+/// Scheduler command: stop a request now; nothing it produced is cached.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CancelRequest {
+    /// The request (unknown or finished ids are ignored).
+    pub id: RequestId,
+}
 
-/// Scheduler query: counters.
-#[derive(Message)]
-#[rtype(result = "SchedulerStats")]
-pub struct GetSchedulerStats;
+/// Scheduler command: an agent connection closed; its requests are
+/// cancelled and its pinned cache path unpinned (evictable again).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionClosed {
+    /// The session, as in [`ValidRequest::session`].
+    pub session: String,
+}
+
+/// Everything the scheduler's bounded command queue carries.
+#[derive(Debug)]
+pub enum SchedulerCommand {
+    /// [`AdmitRequest`].
+    Admit(AdmitRequest),
+    /// [`CancelRequest`].
+    Cancel(CancelRequest),
+    /// [`SessionClosed`].
+    SessionClosed(SessionClosed),
+}
 
 /// Scheduler counters.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -155,86 +326,6 @@ pub struct SchedulerStats {
     pub finished: u64,
 }
 
-/// SessionMemory command: find the cached prefix of `key`, lock it, and
-/// reserve pages for `reserve_tokens` tokens in total. The answer goes back
-/// over `reply` when one is given (the scheduler blocks on it between steps).
-#[derive(Message, Debug)]
-#[rtype(result = "Result<Admission, MemoryError>")]
-pub struct MatchPrefix {
-    /// Where the answer goes (besides the actix reply).
-    pub reply: Option<std::sync::mpsc::SyncSender<Result<Admission, MemoryError>>>,
-    /// Radix key of the prompt.
-    pub key: Vec<u64>,
-    /// The model has recurrent (KDA) layers: only snapshot boundaries hit.
-    pub hybrid: bool,
-    /// Tokens the sequence may grow to (prompt + max_tokens).
-    pub reserve_tokens: usize,
-}
-
-/// The reply to [`MatchPrefix`].
-#[derive(Debug, Clone)]
-pub struct Admission {
-    /// Prompt tokens served from cache (a multiple of the page size).
-    pub cached_tokens: usize,
-    /// The sequence's block table: cached pages, then fresh ones.
-    pub pages: Vec<u32>,
-    /// The locked radix node at the end of the cached prefix.
-    pub node: NodeId,
-    /// KDA state at `cached_tokens` (hybrid models with a hit).
-    pub snapshot: Option<std::sync::Arc<Vec<LinearState>>>,
-    /// Why the rest of the prompt missed.
-    pub miss_reason: String,
-}
-
-/// SessionMemory errors.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum MemoryError {
-    /// Not enough pages even after evicting every unlocked prefix.
-    #[error("KV cache full: {needed} pages needed, {available} obtainable")]
-    OutOfPages {
-        /// Pages needed.
-        needed: usize,
-        /// Pages free or evictable.
-        available: usize,
-    },
-    /// A stale or unknown radix node.
-    #[error("radix cache: {0}")]
-    Radix(String),
-}
-
-/// SessionMemory command: a sequence finished; cache its tokens and pin the
-/// session's path.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct CommitSequence {
-    /// Key of every token whose KV was written (prompt + generated, in order).
-    pub key: Vec<u64>,
-    /// The sequence's block table.
-    pub pages: Vec<u32>,
-    /// The node locked at admission.
-    pub node: NodeId,
-    /// Session to pin, if any.
-    pub session: Option<String>,
-    /// KDA states captured at page-aligned boundaries: `(tokens, states)`.
-    pub snapshots: Vec<(usize, Vec<LinearState>)>,
-}
-
-/// SessionMemory command: a sequence was cancelled or failed; drop its
-/// references without caching anything it produced.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct ReleaseSequence {
-    /// The sequence's block table.
-    pub pages: Vec<u32>,
-    /// The node locked at admission.
-    pub node: NodeId,
-}
-
-/// SessionMemory query: occupancy counters.
-#[derive(Message)]
-#[rtype(result = "MemoryStats")]
-pub struct GetMemoryStats;
-
 /// SessionMemory counters.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MemoryStats {
@@ -254,6 +345,16 @@ pub struct MemoryStats {
     pub lookup_tokens: u64,
     /// Prompt tokens served from cache.
     pub hit_tokens: u64,
+}
+
+/// What the scheduler publishes after every step (and after every batch of
+/// commands), so that stats are answered without waiting for a forward.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineStats {
+    /// Scheduler counters.
+    pub scheduler: SchedulerStats,
+    /// Session memory counters.
+    pub memory: MemoryStats,
 }
 
 /// ExpertShard command: run some rows of one MoE layer through this shard's

@@ -3,7 +3,7 @@
 //! The KV pool ([`caracal_kernels::paged::KvPool`]) holds a fixed number of pages, each
 //! `page_size` token rows for every layer. This module only does the bookkeeping: which
 //! page ids are free, and how many holders each used page has. It is plain state owned by
-//! the SessionMemory actor (single-threaded, no locks).
+//! SessionMemory inside the scheduler (single-threaded, no locks).
 //!
 //! Holders of a page are of two kinds:
 //! - the radix tree ([`crate::radix::RadixCache`]), which owns one reference to every page

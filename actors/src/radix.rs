@@ -1,8 +1,8 @@
 //! Radix tree mapping token prefixes to cached KV pages (session memory).
 //!
 //! Modelled on SGLang's `RadixCache` with `page_size > 1` (RadixAttention): a compressed
-//! trie whose edges are token segments, page granular. It is plain state owned by the
-//! SessionMemory actor: single-threaded, no locks, no channels.
+//! trie whose edges are token segments, page granular. It is plain state owned by
+//! SessionMemory (inside the scheduler): single-threaded, no locks, no channels.
 //!
 //! # Keys
 //! Key elements are `u64`. Text token ids are widened to `u64`; a media span (image,

@@ -1,28 +1,45 @@
-//! Starting the runtime: SessionMemory, expert shards and the Scheduler,
-//! each on its own thread, and the [`Engine`] handle that submits requests.
+//! Starting the runtime: the scheduler (which owns session memory) and the
+//! expert shards, each on threads of their own, and the [`Engine`] handle
+//! that submits requests.
 //!
 //! ```text
-//! Engine::submit(ValidRequest) ──AdmitRequest──► Scheduler (own arbiter)
-//!        ◄────────── TokenEvent (bounded mpsc) ───────┘  │ MatchPrefix / CommitSequence
-//!                                                        ▼
-//!                                  SessionMemory (own thread)
-//!                   Scheduler's forward ──RunExperts──► ExpertShard ×N (own threads)
+//! Engine::submit(ValidRequest)                        Engine::memory_stats()
+//!   │ AdmissionGate slot + id (full → overloaded)               ▲
+//!   ▼                                                           │ EngineStats (watch,
+//! command queue (bounded) ──► scheduler thread ─────────────────┘  published every step)
+//!   Admit / Cancel / SessionClosed   │ owns SessionMemory (radix tree, pages, pins)
+//!        ◄── TokenEvent (bounded mpsc per request)
+//!                                    │ forward ──RunExperts──► ExpertShard ×N (own threads)
 //! ```
+//!
+//! Nothing on the submitting side waits for a forward: a submission takes a
+//! waiting slot and an id without locking anything the scheduler holds and
+//! queues the request with `try_send` (offline callers may instead wait
+//! for a slot: [`Engine::submit_queued`]); control commands wait for room
+//! in the queue (bounded, never dropped); counters are read from the last
+//! published snapshot.
+//! Dropping the last `Engine` handle stops the scheduler after its current
+//! step: requests still running see their stream end without `Finished`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{Actor, Addr, Arbiter};
-use tokio::sync::mpsc;
+use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::sync::watch;
 
-use crate::engine::{CausalLm, Detokenize};
+use crate::admission::AdmissionGate;
+use crate::engine::{CausalLm, Detokenize, ModelInfo};
 use crate::expert_shard::ShardedExperts;
 use crate::messages::{
-    AdmitRequest, GetMemoryStats, GetSchedulerStats, MemoryStats, SchedulerStats, SubmitError,
-    TokenEvent, ValidRequest,
+    AdmitRequest, CancelRequest, EngineStats, MemoryStats, RequestId, SchedulerCommand,
+    SchedulerStats, SessionClosed, SubmitError, TokenEvent, ValidRequest,
 };
-use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerState};
-use crate::session_memory::{MemoryConfig, SessionMemory, SessionMemoryActor};
+use crate::scheduler::{driver, validate_request, SchedulerConfig, SchedulerState};
+use crate::session_memory::{MemoryConfig, SessionMemory};
+
+/// Command-queue slots beyond `max_waiting_requests`, for cancels and
+/// session closes (admissions never take more than the waiting limit).
+const CONTROL_SLOTS: usize = 64;
 
 /// Runtime settings.
 #[derive(Debug, Clone)]
@@ -58,48 +75,45 @@ pub fn pages_for(model: &dyn CausalLm, bytes: usize, page_size: usize) -> usize 
     (bytes / per_page).max(1)
 }
 
+/// An accepted submission.
+#[derive(Debug)]
+pub struct Submission {
+    /// The request's id (for [`Engine::cancel`]).
+    pub id: RequestId,
+    /// Its events; dropping the receiver cancels the request within one step.
+    pub events: mpsc::Receiver<TokenEvent>,
+}
+
 /// Handle to a running engine.
 #[derive(Clone)]
 pub struct Engine {
-    /// The scheduler actor.
-    pub scheduler: Addr<Scheduler>,
-    /// The session memory actor.
-    pub memory: Addr<SessionMemoryActor>,
+    /// The scheduler's command queue.
+    commands: mpsc::Sender<SchedulerCommand>,
+    /// Waiting slots and request ids, shared with the scheduler.
+    gate: Arc<AdmissionGate>,
+    /// Counters the scheduler publishes after every step.
+    stats: watch::Receiver<EngineStats>,
+    /// What requests are checked against before they are queued.
+    info: Arc<ModelInfo>,
     /// Expert shards, when `ep > 1` and the model has MoE layers.
     pub shards: Option<Arc<ShardedExperts>>,
     /// Events buffered per request.
     credit: usize,
-    /// Keeps the scheduler's thread alive.
-    _arbiter: Arc<ArbiterGuard>,
-}
-
-/// Stops the scheduler's and session memory's arbiters when the last engine handle goes.
-struct ArbiterGuard(Vec<Arbiter>);
-
-impl Drop for ArbiterGuard {
-    fn drop(&mut self) {
-        for a in &self.0 {
-            a.stop();
-        }
-    }
 }
 
 impl Engine {
-    /// Starts the actors for `model`. Must be called inside a running actix `System`.
+    /// Starts the scheduler thread (and, for `ep > 1`, the expert shards,
+    /// which must be started inside a running actix `System`).
     pub fn start(
         model: Arc<dyn CausalLm>,
         cfg: EngineConfig,
         detok: Option<Arc<dyn Detokenize>>,
     ) -> Engine {
         let pages = pages_for(model.as_ref(), cfg.kv_cache_memory, cfg.scheduler.page_size);
-        let mem_cfg = MemoryConfig {
+        let memory = SessionMemory::new(MemoryConfig {
             num_pages: pages,
             page_size: cfg.scheduler.page_size,
             session_ttl: cfg.session_ttl,
-        };
-        let memory_arbiter = Arbiter::new();
-        let memory = SessionMemoryActor::start_in_arbiter(&memory_arbiter.handle(), move |_| {
-            SessionMemoryActor(SessionMemory::new(mem_cfg))
         });
         let shards = if cfg.ep > 1 {
             model.as_moe().map(|moe| {
@@ -110,45 +124,126 @@ impl Engine {
         } else {
             None
         };
-        let mut state = SchedulerState::new(model, pages, cfg.scheduler.clone(), detok);
+        let info = Arc::new(model.info().clone());
+        let limit = cfg.scheduler.max_waiting_requests;
+        let mut state = SchedulerState::with_memory(model, memory, cfg.scheduler, detok);
         state.set_forward_on_pool(shards.is_none());
-        let arbiter = Arbiter::new();
-        let mem = memory.clone();
-        let scheduler =
-            Scheduler::start_in_arbiter(&arbiter.handle(), move |_| Scheduler::new(state, mem));
+        let (stats_tx, stats) = watch::channel(state.engine_stats());
+        state.publish_to(stats_tx);
+        let gate = state.gate();
+        let (commands, rx) = mpsc::channel(limit + CONTROL_SLOTS);
+        driver::spawn(state, rx).expect("the OS lets the runtime start its scheduler thread");
         Engine {
-            scheduler,
-            memory,
+            commands,
+            gate,
+            stats,
+            info,
             shards,
             credit: cfg.stream_credit.max(1),
-            _arbiter: Arc::new(ArbiterGuard(vec![arbiter, memory_arbiter])),
+        }
+    }
+
+    /// Queues a request without waiting for the scheduler: refused at once
+    /// when it is invalid or `max_waiting_requests` are already waiting.
+    pub fn try_submit(&self, request: ValidRequest) -> Result<Submission, SubmitError> {
+        validate_request(&request, &self.info)?;
+        self.gate.try_acquire()?;
+        let (id, cmd, events) = self.admit_command(request);
+        match self.commands.try_send(cmd) {
+            Ok(()) => Ok(Submission { id, events }),
+            Err(e) => {
+                self.gate.release(1);
+                Err(match e {
+                    TrySendError::Full(_) => SubmitError::Overloaded {
+                        waiting: self.gate.waiting(),
+                        limit: self.gate.limit(),
+                    },
+                    TrySendError::Closed(_) => SubmitError::Stopped,
+                })
+            }
         }
     }
 
     /// Submits a request; its events arrive on the returned receiver.
-    /// Dropping the receiver cancels the request within one step.
+    /// Dropping the receiver cancels the request within one step. Returns
+    /// without waiting for the running forward (see [`Engine::try_submit`]).
     pub async fn submit(
         &self,
         request: ValidRequest,
     ) -> Result<mpsc::Receiver<TokenEvent>, SubmitError> {
+        self.try_submit(request).map(|s| s.events)
+    }
+
+    /// Submits a request, waiting (in arrival order) for a waiting slot
+    /// instead of answering "overloaded": for offline callers that hand
+    /// over more requests than may wait at once (`caracal batch`).
+    pub async fn submit_queued(&self, request: ValidRequest) -> Result<Submission, SubmitError> {
+        validate_request(&request, &self.info)?;
+        self.gate.acquire().await?;
+        let (id, cmd, events) = self.admit_command(request);
+        if self.commands.send(cmd).await.is_err() {
+            self.gate.release(1);
+            return Err(SubmitError::Stopped);
+        }
+        Ok(Submission { id, events })
+    }
+
+    /// An id, the admit command and the receiver of a new request.
+    fn admit_command(
+        &self,
+        request: ValidRequest,
+    ) -> (RequestId, SchedulerCommand, mpsc::Receiver<TokenEvent>) {
+        let id = self.gate.next_id();
         let (tx, rx) = mpsc::channel(self.credit);
-        self.scheduler
-            .send(AdmitRequest {
-                request,
-                events: tx,
-            })
+        let cmd = SchedulerCommand::Admit(AdmitRequest {
+            id,
+            request,
+            events: tx,
+        });
+        (id, cmd, rx)
+    }
+
+    /// Cancels request `id`: it ends with a `cancelled` error and caches
+    /// nothing. Waits only for room in the command queue.
+    pub async fn cancel(&self, id: RequestId) -> Result<(), SubmitError> {
+        self.command(SchedulerCommand::Cancel(CancelRequest { id }))
             .await
-            .map_err(|_| SubmitError::Stopped)??;
-        Ok(rx)
     }
 
-    /// Scheduler counters.
+    /// An agent connection closed: cancels its requests and unpins its
+    /// cached path. Waits only for room in the command queue.
+    pub async fn close_session(&self, session: impl Into<String>) -> Result<(), SubmitError> {
+        let session = session.into();
+        self.command(SchedulerCommand::SessionClosed(SessionClosed { session }))
+            .await
+    }
+
+    async fn command(&self, cmd: SchedulerCommand) -> Result<(), SubmitError> {
+        self.commands
+            .send(cmd)
+            .await
+            .map_err(|_| SubmitError::Stopped)
+    }
+
+    /// The counters published after the scheduler's latest step, with the
+    /// waiting count read live from the admission gate (`None` once the
+    /// scheduler has stopped).
+    pub fn stats(&self) -> Option<EngineStats> {
+        if self.commands.is_closed() {
+            return None;
+        }
+        let mut s = self.stats.borrow().clone();
+        s.scheduler.waiting = self.gate.waiting();
+        Some(s)
+    }
+
+    /// Scheduler counters, as of the latest step.
     pub async fn scheduler_stats(&self) -> Option<SchedulerStats> {
-        self.scheduler.send(GetSchedulerStats).await.ok()
+        self.stats().map(|s| s.scheduler)
     }
 
-    /// Session memory counters.
+    /// Session memory counters, as of the latest step.
     pub async fn memory_stats(&self) -> Option<MemoryStats> {
-        self.memory.send(GetMemoryStats).await.ok()
+        self.stats().map(|s| s.memory)
     }
 }

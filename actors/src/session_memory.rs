@@ -5,9 +5,12 @@
 //! session pins. The KV *data* lives in the scheduler's pool; page ids mean
 //! the same thing on both sides.
 //!
-//! Takes [`MatchPrefix`], [`CommitSequence`], [`ReleaseSequence`],
-//! [`GetMemoryStats`]. Runs on its own arbiter thread,
-//! so the scheduler can ask it synchronously between steps.
+//! It is plain state owned by the scheduler ([`crate::scheduler::SchedulerState`])
+//! on the scheduler's thread: admission ([`SessionMemory::admit`]), commit
+//! ([`SessionMemory::commit`]) and release ([`SessionMemory::release`]) are
+//! method calls that cannot be lost, so a page or lock is given back exactly
+//! when the scheduler lets go of a sequence. Other threads see its counters
+//! only through the [`MemoryStats`] the scheduler publishes after each step.
 //!
 //! Rules that keep output correct:
 //! - a prefix hit for a hybrid model is valid only at a boundary whose KDA
@@ -20,15 +23,80 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, Context, Handler};
-
 use crate::engine::LinearState;
-use crate::messages::{
-    Admission, CommitSequence, GetMemoryStats, MatchPrefix, MemoryError, MemoryStats,
-    ReleaseSequence,
-};
+use crate::messages::{MemoryStats, MissReason};
 use crate::pages::PageAllocator;
 use crate::radix::{NodeId, RadixCache, SnapshotId};
+
+/// Find the cached prefix of `key`, lock it, and reserve pages for
+/// `reserve_tokens` tokens in total ([`SessionMemory::admit`]).
+#[derive(Debug, Clone)]
+pub struct MatchPrefix {
+    /// Radix key of the prompt.
+    pub key: Vec<u64>,
+    /// The model has recurrent (KDA) layers: only snapshot boundaries hit.
+    pub hybrid: bool,
+    /// Tokens the sequence may grow to (prompt + max_tokens).
+    pub reserve_tokens: usize,
+}
+
+/// The answer to [`MatchPrefix`]: pages and a lock the caller now holds
+/// until it commits or releases the sequence.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    /// Prompt tokens served from cache (a multiple of the page size).
+    pub cached_tokens: usize,
+    /// The sequence's block table: cached pages, then fresh ones.
+    pub pages: Vec<u32>,
+    /// The locked radix node at the end of the cached prefix.
+    pub node: NodeId,
+    /// KDA state at `cached_tokens` (hybrid models with a hit).
+    pub snapshot: Option<Arc<Vec<LinearState>>>,
+    /// Why the rest of the prompt missed (`None` when all that can hit did).
+    pub miss_reason: Option<MissReason>,
+}
+
+/// SessionMemory errors.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MemoryError {
+    /// Not enough pages even after evicting every unlocked prefix.
+    #[error("KV cache full: {needed} pages needed, {available} obtainable")]
+    OutOfPages {
+        /// Pages needed.
+        needed: usize,
+        /// Pages free or evictable.
+        available: usize,
+    },
+    /// A stale or unknown radix node.
+    #[error("radix cache: {0}")]
+    Radix(String),
+}
+
+/// A sequence finished: cache its tokens and pin the session's path
+/// ([`SessionMemory::commit`]).
+#[derive(Debug)]
+pub struct CommitSequence {
+    /// Key of every token whose KV was written (prompt + generated, in order).
+    pub key: Vec<u64>,
+    /// The sequence's block table.
+    pub pages: Vec<u32>,
+    /// The node locked at admission.
+    pub node: NodeId,
+    /// Session to pin, if any.
+    pub session: Option<String>,
+    /// KDA states captured at page-aligned boundaries: `(tokens, states)`.
+    pub snapshots: Vec<(usize, Vec<LinearState>)>,
+}
+
+/// A sequence was cancelled or failed: drop its references without caching
+/// anything it produced ([`SessionMemory::release`]).
+#[derive(Debug)]
+pub struct ReleaseSequence {
+    /// The sequence's block table.
+    pub pages: Vec<u32>,
+    /// The node locked at admission.
+    pub node: NodeId,
+}
 
 /// Settings of the session memory.
 #[derive(Debug, Clone)]
@@ -41,7 +109,7 @@ pub struct MemoryConfig {
     pub session_ttl: Duration,
 }
 
-/// The plain state behind the SessionMemory actor.
+/// The plain state of session memory (owned by the scheduler).
 pub struct SessionMemory {
     /// Page reference counts.
     pages: PageAllocator,
@@ -74,6 +142,16 @@ impl SessionMemory {
             lookup_tokens: 0,
             hit_tokens: 0,
         }
+    }
+
+    /// Tokens per page.
+    pub fn page_size(&self) -> usize {
+        self.cfg.page_size.max(1)
+    }
+
+    /// Pages in the pool.
+    pub fn num_pages(&self) -> usize {
+        self.pages.num_pages()
     }
 
     fn drop_snapshots(&mut self, ids: &[SnapshotId]) {
@@ -114,17 +192,13 @@ impl SessionMemory {
         let p = self.cfg.page_size;
         let usable = &m.key[..m.key.len().saturating_sub(1)];
         let plain = self.radix.match_prefix(usable);
-        let (tokens, pages, node, snapshot, miss_reason) = if m.hybrid {
+        let (tokens, pages, node, snapshot, snapshot_miss) = if m.hybrid {
             match self.radix.match_prefix_with_snapshot(usable) {
                 Some(s) => {
-                    let why = if s.tokens < plain.tokens {
-                        format!(
-                            "{} tokens cached but the last KDA state snapshot is at {}",
-                            plain.tokens, s.tokens
-                        )
-                    } else {
-                        String::new()
-                    };
+                    let why = (s.tokens < plain.tokens).then_some(MissReason::SnapshotBehind {
+                        cached: plain.tokens,
+                        snapshot_at: s.tokens,
+                    });
                     (
                         s.tokens,
                         s.pages,
@@ -134,35 +208,30 @@ impl SessionMemory {
                     )
                 }
                 None => {
-                    let why = if plain.tokens > 0 {
-                        format!(
-                            "{} tokens cached but no KDA state snapshot covers them",
-                            plain.tokens
-                        )
-                    } else {
-                        String::new()
-                    };
+                    let why = (plain.tokens > 0).then_some(MissReason::NoSnapshot {
+                        cached: plain.tokens,
+                    });
                     (0, Vec::new(), self.radix.root(), None, why)
                 }
             }
         } else {
-            (plain.tokens, plain.pages, plain.node, None, String::new())
+            (plain.tokens, plain.pages, plain.node, None, None)
         };
-        let miss_reason = if !miss_reason.is_empty() {
-            miss_reason
+        let miss_reason = if snapshot_miss.is_some() {
+            snapshot_miss
         } else if tokens == m.key.len() {
-            String::new()
+            None
         } else if tokens == 0 && self.radix.total_tokens() == 0 {
-            "cache empty".into()
+            Some(MissReason::CacheEmpty)
         } else if tokens == 0 {
-            "no cached prefix".into()
+            Some(MissReason::NoCachedPrefix)
         } else if tokens + p > usable.len() {
-            format!(
-                "last {} tokens are not a whole cached page (page size {p})",
-                m.key.len() - tokens
-            )
+            Some(MissReason::PartialPage {
+                tail: m.key.len() - tokens,
+                page_size: p,
+            })
         } else {
-            format!("prefix diverges from the cache after {tokens} tokens")
+            Some(MissReason::Diverged { after: tokens })
         };
         self.radix
             .lock(node)
@@ -287,45 +356,6 @@ impl SessionMemory {
     }
 }
 
-/// The SessionMemory actor: a thin wrapper over [`SessionMemory`].
-pub struct SessionMemoryActor(pub SessionMemory);
-
-impl Actor for SessionMemoryActor {
-    type Context = Context<Self>;
-}
-
-impl Handler<MatchPrefix> for SessionMemoryActor {
-    type Result = Result<Admission, MemoryError>;
-    fn handle(&mut self, m: MatchPrefix, _: &mut Context<Self>) -> Self::Result {
-        let out = self.0.admit(&m);
-        if let Some(reply) = &m.reply {
-            let _ = reply.send(out.clone());
-        }
-        out
-    }
-}
-
-impl Handler<CommitSequence> for SessionMemoryActor {
-    type Result = ();
-    fn handle(&mut self, m: CommitSequence, _: &mut Context<Self>) {
-        self.0.commit(m)
-    }
-}
-
-impl Handler<ReleaseSequence> for SessionMemoryActor {
-    type Result = ();
-    fn handle(&mut self, m: ReleaseSequence, _: &mut Context<Self>) {
-        self.0.release(m)
-    }
-}
-
-impl Handler<GetMemoryStats> for SessionMemoryActor {
-    type Result = actix::MessageResult<GetMemoryStats>;
-    fn handle(&mut self, _: GetMemoryStats, _: &mut Context<Self>) -> Self::Result {
-        actix::MessageResult(self.0.stats())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,14 +377,13 @@ mod tests {
         let mut m = mem(16);
         let a = m
             .admit(&MatchPrefix {
-                reply: None,
                 key: key(10),
                 hybrid: false,
                 reserve_tokens: 14,
             })
             .unwrap();
         assert_eq!(a.cached_tokens, 0);
-        assert_eq!(a.miss_reason, "cache empty");
+        assert_eq!(a.miss_reason.unwrap().to_string(), "cache empty");
         m.commit(CommitSequence {
             key: key(13),
             pages: a.pages,
@@ -364,7 +393,6 @@ mod tests {
         });
         let b = m
             .admit(&MatchPrefix {
-                reply: None,
                 key: key(20),
                 hybrid: false,
                 reserve_tokens: 20,
@@ -383,7 +411,6 @@ mod tests {
         let mut m = mem(16);
         let a = m
             .admit(&MatchPrefix {
-                reply: None,
                 key: key(10),
                 hybrid: true,
                 reserve_tokens: 12,
@@ -402,7 +429,6 @@ mod tests {
         });
         let b = m
             .admit(&MatchPrefix {
-                reply: None,
                 key: key(20),
                 hybrid: true,
                 reserve_tokens: 20,
@@ -413,7 +439,8 @@ mod tests {
             "only the boundary with a snapshot may hit"
         );
         assert_eq!(b.snapshot.as_deref(), Some(&st));
-        assert!(b.miss_reason.contains("snapshot"), "{}", b.miss_reason);
+        let why = b.miss_reason.map(|r| r.to_string()).unwrap_or_default();
+        assert!(why.contains("snapshot"), "{}", why);
         m.release(ReleaseSequence {
             pages: b.pages,
             node: b.node,
@@ -426,7 +453,6 @@ mod tests {
         let mut m = mem(8);
         let a = m
             .admit(&MatchPrefix {
-                reply: None,
                 key: key(8),
                 hybrid: false,
                 reserve_tokens: 8,
@@ -445,7 +471,6 @@ mod tests {
         let mut m = mem(4);
         let a = m
             .admit(&MatchPrefix {
-                reply: None,
                 key: key(8),
                 hybrid: false,
                 reserve_tokens: 8,
@@ -461,7 +486,6 @@ mod tests {
         let other: Vec<u64> = (100..116).collect();
         let b = m
             .admit(&MatchPrefix {
-                reply: None,
                 key: other.clone(),
                 hybrid: false,
                 reserve_tokens: 16,
@@ -474,7 +498,6 @@ mod tests {
         );
         let err = m
             .admit(&MatchPrefix {
-                reply: None,
                 key: key(4),
                 hybrid: false,
                 reserve_tokens: 4,
@@ -493,7 +516,6 @@ mod tests {
         let mut m = mem(4);
         let a = m
             .admit(&MatchPrefix {
-                reply: None,
                 key: key(8),
                 hybrid: false,
                 reserve_tokens: 8,
@@ -509,7 +531,6 @@ mod tests {
         let other: Vec<u64> = (100..116).collect();
         assert!(m
             .admit(&MatchPrefix {
-                reply: None,
                 key: other.clone(),
                 hybrid: false,
                 reserve_tokens: 16
@@ -518,7 +539,6 @@ mod tests {
         m.unpin("s1");
         let b = m
             .admit(&MatchPrefix {
-                reply: None,
                 key: other,
                 hybrid: false,
                 reserve_tokens: 16,

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use caracal::models::CausalLm;
 use caracal::request::RequestSpec;
-use caracal_actors::messages::TokenEvent;
+use caracal_actors::messages::{ErrorKind, TokenEvent};
 use caracal_actors::runtime::Engine;
 use clap::Args;
 use serde_json::{json, Value};
@@ -70,23 +70,20 @@ pub fn run(a: BatchArgs) -> Result<()> {
     let (results, wall) = sys.block_on(async move {
         let engine = Engine::start(model, cfg, detok);
         let t0 = Instant::now();
-        let mut pending = Vec::new();
-        for spec in specs {
-            pending.push(match spec {
+        // Each line submits (waiting for a slot, in input order, rather than
+        // being refused) and then reads its stream; all lines run at once, so
+        // running streams are read while later lines wait for slots.
+        let engine = &engine;
+        let collect = specs.into_iter().map(|spec| async move {
+            let (prompt_tokens, mut rx) = match spec {
                 Ok(req) => {
                     let prompt_tokens = req.prompt.len();
-                    match engine.submit(req).await {
-                        Ok(rx) => Ok((prompt_tokens, rx)),
-                        Err(e) => Err(json!({"type": "overloaded", "message": e.to_string()})),
+                    match engine.submit_queued(req).await {
+                        Ok(sub) => (prompt_tokens, sub.events),
+                        Err(e) => return error_line(e.kind(), e.to_string()),
                     }
                 }
-                Err(msg) => Err(json!({"type": "invalid_request", "message": msg})),
-            });
-        }
-        let collect = pending.into_iter().map(|p| async move {
-            let (prompt_tokens, mut rx) = match p {
-                Ok(x) => x,
-                Err(e) => return json!({"error": e}),
+                Err(msg) => return error_line(ErrorKind::InvalidRequest, msg),
             };
             let mut ids = Vec::new();
             let mut t_first = None;
@@ -97,13 +94,16 @@ pub fn run(a: BatchArgs) -> Result<()> {
                         ids.push(id);
                     }
                     TokenEvent::Finished { reason, cache, .. } => {
+                        let miss = cache.miss_reason;
                         return json!({"token_ids": ids, "prompt_tokens": prompt_tokens, "cached_tokens": cache.cached_tokens,
-                            "cache_miss_reason": cache.miss_reason, "finish_reason": reason.as_str()});
+                            "cache_miss_reason": miss.map(|m| m.to_string()).unwrap_or_default(),
+                            "cache_miss_kind": miss.map(|m| m.as_str()).unwrap_or(""),
+                            "finish_reason": reason.as_str()});
                     }
-                    TokenEvent::Error { kind, message } => return json!({"error": {"type": kind, "message": message}}),
+                    TokenEvent::Error { kind, message } => return error_line(kind, message),
                 }
             }
-            json!({"error": {"type": "internal_error", "message": "the engine closed the stream"}})
+            error_line(ErrorKind::InternalError, "the engine closed the stream".into())
         });
         let results = futures::future::join_all(collect).await;
         (results, t0.elapsed().as_secs_f64())
@@ -138,4 +138,9 @@ pub fn run(a: BatchArgs) -> Result<()> {
         (prompt_total + gen_total) as f64 / wall.max(1e-9),
     );
     Ok(())
+}
+
+/// A failed request's output line: the error and its stable kind.
+fn error_line(kind: ErrorKind, message: String) -> Value {
+    json!({"error": {"type": kind.as_str(), "message": message}, "error_kind": kind.as_str()})
 }
