@@ -1,6 +1,7 @@
-//! Reading a checkpoint's JSON files: `config.json` (dispatch on
-//! `model_type`), `generation_config.json` (stop ids) and the RoPE settings,
-//! which published configs write as `rope_scaling` and transformers 5.x as
+//! Reading a checkpoint's JSON files: `config.json` (the supported
+//! `model_type`s; the typed description is [`crate::checkpoint::arch`]),
+//! `generation_config.json` (stop ids) and the RoPE settings, which
+//! published configs write as `rope_scaling` and transformers 5.x as
 //! `rope_parameters`.
 
 use std::path::Path;
@@ -9,11 +10,20 @@ use caracal_kernels::rope::RopeScaling;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::checkpoint::arch::ModelType;
 use crate::error::{Error, Result};
 
-/// Architectures Caracal loads, by `model_type`.
-pub const SUPPORTED_MODEL_TYPES: &[&str] =
-    &["llama", "deepseek_v3", "kimi_k2", "kimi_linear", "kimi_k3"];
+/// Architectures Caracal loads, by `model_type`: the names of
+/// [`ModelType::ALL`], in that order.
+pub const SUPPORTED_MODEL_TYPES: [&str; ModelType::ALL.len()] = {
+    let mut names = [""; ModelType::ALL.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = ModelType::ALL[i].name();
+        i += 1;
+    }
+    names
+};
 
 /// Reads a JSON file into a value.
 pub fn read_json(path: &Path, what: &'static str) -> Result<Value> {
@@ -41,7 +51,7 @@ pub fn model_type(value: &Value) -> Result<String> {
         .and_then(|v| v.as_str())
         .unwrap_or("")
         .to_string();
-    if SUPPORTED_MODEL_TYPES.contains(&found.as_str()) {
+    if ModelType::from_name(&found).is_some() {
         Ok(found)
     } else {
         Err(Error::UnknownModelType {

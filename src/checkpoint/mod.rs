@@ -12,9 +12,12 @@
 //! [`Checkpoint::fused_expert_matrix`] slices one expert out of gpt-oss style
 //! `{base}_blocks` + `{base}_scales` (or a fused float `{base}`) tensors.
 //!
-//! Children: [`config`] reads `config.json` / `generation_config.json`;
+//! Children: [`arch`] is the one typed, validated description of a
+//! checkpoint's architecture; [`config`] reads `config.json` /
+//! `generation_config.json`;
 //! [`inspect`] reports a checkpoint's tensors, dtypes and MXFP4 scale statistics.
 
+pub mod arch;
 pub mod config;
 pub mod inspect;
 

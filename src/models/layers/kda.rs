@@ -19,7 +19,6 @@ use caracal_kernels::kda::{
 };
 use caracal_kernels::norm::rms_norm_gated_sigmoid;
 use caracal_kernels::Matrix;
-use serde::Deserialize;
 
 use super::BatchLayout;
 use crate::checkpoint::Checkpoint;
@@ -55,28 +54,7 @@ pub enum ForgetGate {
     LowerBound(f32),
 }
 
-/// How the stored `A_log` maps onto heads and channels.
-///
-/// Sources disagree on K3's `A_log` (reference doc §1.6, marked uncertain):
-/// Moonshot's module declares `[heads]`; Kimi Linear stores `[1, 1, heads, 1]`;
-/// TokenSpeed reads K3's as a `[head_dim]`-sized buffer whose first `heads`
-/// entries are the per-head values (the rest zero); a third-party port reads
-/// a `[head_dim]` tensor as one decay per key channel shared by all heads.
-/// Set with `linear_attn_config.a_log_layout` (a Caracal key, default `auto`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum ALogLayout {
-    /// `heads` values: used as is. A `[head_dim]` buffer (≠ heads): the
-    /// first `heads` entries per head when the tail is all zero (TokenSpeed's
-    /// reading), else one value per channel ([`ALogLayout::PerChannel`]).
-    #[default]
-    Auto,
-    /// One value per head: `heads` values, or the first `heads` entries of a
-    /// longer buffer.
-    PerHead,
-    /// One value per key channel `d`, shared by all heads (`[head_dim]`).
-    PerChannel,
-}
+pub use crate::checkpoint::arch::ALogLayout;
 
 /// Everything that distinguishes one KDA variant from another at load time.
 #[derive(Debug, Clone, Copy)]

@@ -15,8 +15,9 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::parse::{kimi_k2_config, kimi_k3_config, kimi_linear_config, parse_text, parse_vision};
+use super::parse::{kimi_k2_config, kimi_k3_config, kimi_linear_config, parse_vision, text_arch};
 use super::weights::WeightScheme;
+use crate::checkpoint::arch::{Arch, QuantMethod};
 use crate::checkpoint::config::read_json;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
@@ -146,17 +147,7 @@ impl TensorSpec {
     }
 }
 
-/// Attention type of one decoder layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AttentionKind {
-    /// Grouped-query softmax attention (llama).
-    Gqa,
-    /// Multi-head latent attention.
-    Mla,
-    /// Kimi Delta Attention.
-    Kda,
-}
+pub use crate::checkpoint::arch::{AttentionKind, Family};
 
 /// GQA shapes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -218,18 +209,6 @@ pub struct MoeDims {
     pub latent: Option<u64>,
     /// K3 `routed_expert_norm` before the up projection.
     pub latent_norm: bool,
-}
-
-/// Which published naming the tensors follow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Family {
-    /// `LlamaForCausalLM`.
-    Llama,
-    /// `DeepseekV3ForCausalLM` (Kimi K2): `mlp.experts.{e}.gate_proj`.
-    DeepseekV3,
-    /// `KimiLinearForCausalLM` (Kimi-Linear, K3 text): `block_sparse_moe.experts.{e}.w1`.
-    KimiLinear,
 }
 
 /// The text decoder.
@@ -466,32 +445,16 @@ impl PlanModel {
         Ok(model)
     }
 
-    /// Builds the model from a parsed `config.json`.
+    /// Builds the model from a parsed `config.json` (read once into the
+    /// checkpoint's [`Arch`], the description the loaders use too).
     pub fn from_config(config: &Value, name: &str, source: &str) -> Result<PlanModel> {
         let model_type = config
             .get("model_type")
             .and_then(|v| v.as_str())
             .unwrap_or("")
             .to_string();
-        let wrapped = config.get("text_config").filter(|v| v.is_object());
-        let text_value = wrapped.unwrap_or(config);
-        let text_type =
-            match wrapped {
-                Some(t) => t.get("model_type").and_then(|v| v.as_str()).unwrap_or(
-                    if model_type == "kimi_k3" {
-                        "kimi_linear"
-                    } else {
-                        ""
-                    },
-                ),
-                None => model_type.as_str(),
-            };
-        let prefix = if wrapped.is_some() {
-            "language_model."
-        } else {
-            ""
-        };
-        let text = parse_text(text_value, text_type, &format!("{prefix}model."))?;
+        let arch = Arch::from_config(config)?;
+        let text = text_arch(&arch);
         let vision = match config.get("vision_config").filter(|v| v.is_object()) {
             Some(v) => Some(parse_vision(v, config, text.hidden)?),
             None => None,
@@ -503,17 +466,14 @@ impl PlanModel {
                 text.mtp_layers
             ));
         }
-        let quant = config
-            .get("quantization_config")
-            .or_else(|| text_value.get("quantization_config"))
-            .filter(|v| !v.is_null());
-        let native_weights = match quant {
-            None => WeightScheme::Bf16,
-            Some(q) if q.to_string().to_ascii_lowercase().contains("mxfp4") => WeightScheme::Mxfp4,
-            Some(q) if q.get("quant_method").and_then(|m| m.as_str()) == Some("fp8") => {
-                WeightScheme::Fp8
-            }
-            Some(q) => {
+        let native_weights = match (arch.quantization.method, &arch.quantization.config) {
+            (QuantMethod::None, _) => WeightScheme::Bf16,
+            (QuantMethod::Mxfp4, _) => WeightScheme::Mxfp4,
+            (QuantMethod::Fp8, _) => WeightScheme::Fp8,
+            (QuantMethod::Other, q) => {
+                let q = q
+                    .as_ref()
+                    .expect("a recognised-or-not quantization_config is kept");
                 notes.push(format!("unrecognised quantization_config {q}; priced as bf16 unless --weights is given"));
                 WeightScheme::Bf16
             }
@@ -524,7 +484,7 @@ impl PlanModel {
             model_type,
             text,
             vision,
-            lm_head_name: format!("{prefix}lm_head.weight"),
+            lm_head_name: format!("{}lm_head.weight", arch.root),
             native_weights,
             stored: None,
             published: Vec::new(),
