@@ -21,6 +21,7 @@ use caracal_kernels::norm::rms_norm_gated_sigmoid;
 use caracal_kernels::Matrix;
 
 use super::BatchLayout;
+use crate::checkpoint::arch::Arch;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::models::{LinearState, SeqBatch};
@@ -117,32 +118,32 @@ pub struct KdaAttention {
     pub linear_layer: usize,
 }
 
-impl KdaAttention {
-    /// Loads `{prefix}.*` with Kimi Linear's published names.
-    #[allow(clippy::too_many_arguments)]
-    pub fn load(
-        ckpt: &Checkpoint,
-        prefix: &str,
-        hidden: usize,
-        heads: usize,
-        head_dim: usize,
-        kernel: usize,
-        eps: f32,
-        linear_layer: usize,
-    ) -> Result<KdaAttention> {
-        let opts = KdaOptions {
-            hidden,
-            heads,
-            head_dim,
-            kernel,
-            eps,
-            full_rank_gate: false,
-            forget_gate: ForgetGate::Softplus,
-            a_log_layout: ALogLayout::PerHead,
-        };
-        KdaAttention::load_with(ckpt, prefix, &opts, linear_layer)
+impl KdaOptions {
+    /// The options `arch` describes (its KDA dims; `o_norm` eps is
+    /// `rms_norm_eps`).
+    pub fn from_arch(arch: &Arch) -> Result<KdaOptions> {
+        let k = arch.kda.as_ref().ok_or_else(|| {
+            Error::Config(format!(
+                "{} config has no KDA settings",
+                arch.model_type.name()
+            ))
+        })?;
+        Ok(KdaOptions {
+            hidden: arch.hidden_size,
+            heads: k.heads,
+            head_dim: k.head_dim,
+            kernel: k.conv_kernel,
+            eps: arch.rms_norm_eps,
+            full_rank_gate: k.full_rank_gate,
+            forget_gate: k
+                .gate_lower_bound
+                .map_or(ForgetGate::Softplus, ForgetGate::LowerBound),
+            a_log_layout: k.a_log_layout,
+        })
     }
+}
 
+impl KdaAttention {
     /// Loads `{prefix}.*` for any variant (Kimi Linear or K3).
     pub fn load_with(
         ckpt: &Checkpoint,

@@ -17,6 +17,7 @@ use caracal_kernels::activation;
 use caracal_kernels::norm;
 use caracal_kernels::Matrix;
 
+use crate::checkpoint::arch::Family;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::models::{LogitsMode, SeqBatch};
@@ -195,6 +196,34 @@ impl Mlp {
             down_proj: ckpt.matrix(&format!("{prefix}.{}.weight", names[2]), hidden, inter)?,
             act,
         })
+    }
+
+    /// Loads the dense MLP of decoder layer `layer_prefix`
+    /// (`model.layers.0`): `{layer_prefix}.mlp.{gate,up,down}_proj`, or,
+    /// when only that spelling exists, the other module name the family's
+    /// checkpoints are saved with (see [`Family::dense_modules`]).
+    pub fn load_dense(
+        ckpt: &Checkpoint,
+        layer_prefix: &str,
+        family: Family,
+        hidden: usize,
+        inter: usize,
+        act: GluAct,
+    ) -> Result<Mlp> {
+        let modules = family.dense_modules();
+        let module = modules
+            .iter()
+            .map(|m| format!("{layer_prefix}.{m}"))
+            .find(|p| ckpt.has_matrix(&format!("{p}.gate_proj.weight")))
+            .unwrap_or_else(|| format!("{layer_prefix}.{}", modules[0]));
+        Mlp::load(
+            ckpt,
+            &module,
+            ["gate_proj", "up_proj", "down_proj"],
+            hidden,
+            inter,
+            act,
+        )
     }
 
     /// Runs the MLP on `x` `[n, hidden]`.
