@@ -294,3 +294,24 @@ fn k3_blocks_under_either_module_name_give_the_same_logits() {
     let d = with_tensors(name, &t);
     assert_eq!(logits(&d.0), logits(&fixture(name)));
 }
+
+#[test]
+fn load_options_carry_the_activation_mode_to_the_checkpoint() {
+    use caracal::checkpoint::{Checkpoint, LoadOptions};
+    use caracal_kernels::q8::Activations;
+    assert_eq!(LoadOptions::default().activations, Activations::F32);
+    let dir = fixture("tiny-kimi-k3");
+    assert_eq!(
+        Checkpoint::open(&dir).unwrap().activations(),
+        Activations::F32
+    );
+    let int8 = LoadOptions {
+        activations: Activations::Int8,
+    };
+    assert_eq!(
+        Checkpoint::open_with(&dir, &int8).unwrap().activations(),
+        Activations::Int8
+    );
+    let m = caracal::models::load_with(&dir, &int8).unwrap();
+    assert_eq!(m.info().model_type, "kimi_k3");
+}

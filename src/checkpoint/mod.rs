@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use caracal_kernels::matrix::SharedBytes;
+use caracal_kernels::q8::Activations;
 use caracal_kernels::{DType, Matrix, Storage};
 use memmap2::Mmap;
 
@@ -117,6 +118,37 @@ impl AsRef<[u8]> for MappedFile {
     }
 }
 
+/// How a checkpoint's weights are loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// How every MXFP4 / Q8_0 matrix built from the checkpoint meets its
+    /// activations: [`Activations::F32`] (the default: exactly the decoded
+    /// weights' product, what reference tests compare) or
+    /// [`Activations::Int8`] (activations rounded to int8 per 32-element
+    /// block, faster on VNNI CPUs). Float weights ignore it.
+    pub activations: Activations,
+}
+
+impl Default for LoadOptions {
+    fn default() -> LoadOptions {
+        LoadOptions {
+            activations: Activations::F32,
+        }
+    }
+}
+
+/// Stamps the activation mode `mode` on `m`, a quantized matrix this
+/// checkpoint built (every MXFP4 / Q8_0 [`Matrix`] passes here): the mode
+/// travels with the weights, set once at load.
+///
+/// The kernels' `Matrix` of this tree has no per-matrix mode yet (it reads
+/// a process-wide one); with `Matrix::with_activations` this is
+/// `m.with_activations(mode)`.
+fn with_activations(m: Matrix, mode: Activations) -> Matrix {
+    let _ = mode;
+    m
+}
+
 /// A checkpoint folder with all its safetensors shards mapped.
 pub struct Checkpoint {
     /// The folder.
@@ -127,12 +159,20 @@ pub struct Checkpoint {
     shards: Vec<SharedBytes>,
     /// Every tensor by name.
     tensors: HashMap<String, TensorEntry>,
+    /// Set on every quantized matrix built ([`LoadOptions::activations`]).
+    activations: Activations,
 }
 
 impl Checkpoint {
+    /// Maps the safetensors files of `dir` with the default [`LoadOptions`].
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        Checkpoint::open_with(dir, &LoadOptions::default())
+    }
+
     /// Maps the safetensors files of `dir`: `model.safetensors`, or the shards
     /// listed in `model.safetensors.index.json`, or every `*.safetensors` file.
-    pub fn open(dir: &Path) -> Result<Checkpoint> {
+    /// Quantized matrices built from it carry `opts.activations`.
+    pub fn open_with(dir: &Path, opts: &LoadOptions) -> Result<Checkpoint> {
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         let shard_names: Vec<String> = if index.exists() {
@@ -211,7 +251,13 @@ impl Checkpoint {
             shard_names,
             shards,
             tensors,
+            activations: opts.activations,
         })
+    }
+
+    /// The activation mode quantized matrices of this checkpoint carry.
+    pub fn activations(&self) -> Activations {
+        self.activations
     }
 
     /// Whether a tensor exists.
@@ -343,12 +389,10 @@ impl Checkpoint {
                 });
             }
         }
-        Ok(Matrix::mxfp4(
-            rows,
-            cols,
-            self.storage(packed)?,
-            self.storage(scale)?,
-        )?)
+        Ok(with_activations(
+            Matrix::mxfp4(rows, cols, self.storage(packed)?, self.storage(scale)?)?,
+            self.activations,
+        ))
     }
 
     /// A Q8_0 matrix: i8 `name` `[rows, cols]` and f32 `{base}.weight_scale`
@@ -372,12 +416,10 @@ impl Checkpoint {
                 found: e.dtype.name().into(),
             });
         }
-        Ok(Matrix::q8_0(
-            rows,
-            cols,
-            self.storage(name)?,
-            self.storage(&scale)?,
-        )?)
+        Ok(with_activations(
+            Matrix::q8_0(rows, cols, self.storage(name)?, self.storage(&scale)?)?,
+            self.activations,
+        ))
     }
 
     /// One expert's `[rows, cols]` slice of a fused 3-D expert weight.
@@ -450,7 +492,10 @@ impl Checkpoint {
                 rows * nb,
                 1,
             );
-            return Ok(Matrix::mxfp4(rows, cols, blocks, scales)?);
+            return Ok(with_activations(
+                Matrix::mxfp4(rows, cols, blocks, scales)?,
+                self.activations,
+            ));
         }
         let e = self
             .entry(base)

@@ -24,6 +24,7 @@ use std::path::Path;
 use crate::checkpoint::arch::{Arch, ModelType};
 use crate::checkpoint::config::{eos_ids, read_json};
 use crate::checkpoint::Checkpoint;
+pub use crate::checkpoint::LoadOptions;
 use crate::error::{Error, Result};
 
 pub use caracal_actors::engine::{
@@ -31,10 +32,17 @@ pub use caracal_actors::engine::{
     SeqBatch, SeqState,
 };
 
+/// Loads the model in `dir` with the default [`LoadOptions`] (f32
+/// activations for quantized weights).
+pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
+    load_with(dir, &LoadOptions::default())
+}
+
 /// Loads the model in `dir`: `config.json` is parsed once into an [`Arch`]
 /// checked against the checkpoint's tensor headers, then the model of its
-/// `model_type` is built from that description.
-pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
+/// `model_type` is built from that description. Every quantized matrix
+/// carries `opts.activations`.
+pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<Box<dyn CausalLm>> {
     let cfg_path = dir.join("config.json");
     if !cfg_path.exists() {
         return Err(Error::io(
@@ -43,7 +51,7 @@ pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
         ));
     }
     let config = read_json(&cfg_path, "config.json")?;
-    let ckpt = Checkpoint::open(dir)?;
+    let ckpt = Checkpoint::open_with(dir, opts)?;
     let arch = Arch::for_checkpoint(&config, &ckpt)?;
     let eos = eos_ids(dir, &config);
     let model: Box<dyn CausalLm> = match arch.model_type {
