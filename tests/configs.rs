@@ -12,6 +12,12 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
+/// Tensors by name: dtype, shape, bytes.
+type Tensors = BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>;
+
+/// An edit of `config.json`.
+type Edit = Box<dyn FnOnce(&mut Value)>;
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
@@ -64,7 +70,7 @@ fn load_error(name: &str, edit: impl FnOnce(&mut Value)) -> String {
 
 #[test]
 fn bad_configs_are_refused_at_load_with_the_key_and_value() {
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut Value)>, &str)> = vec![
+    let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "tiny-kimi-linear",
             Box::new(|v| v["num_expert_group"] = 0.into()),
@@ -123,7 +129,7 @@ fn bad_configs_are_refused_at_load_with_the_key_and_value() {
 }
 
 /// The tensors of a checkpoint folder (every shard), by name.
-fn read_tensors(dir: &Path) -> BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)> {
+fn read_tensors(dir: &Path) -> Tensors {
     let mut out = BTreeMap::new();
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
@@ -139,7 +145,7 @@ fn read_tensors(dir: &Path) -> BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)> {
 }
 
 /// A copy of fixture `name` whose tensors are `tensors`, in one file.
-fn with_tensors(name: &str, tensors: &BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>) -> Dir {
+fn with_tensors(name: &str, tensors: &Tensors) -> Dir {
     let dst = Dir::new(&format!("{name}-renamed"));
     for e in std::fs::read_dir(fixture(name)).unwrap() {
         let e = e.unwrap();
@@ -170,12 +176,7 @@ fn logits(dir: &Path) -> Vec<f32> {
 }
 
 /// `{layer}.{from}.{rest}` → `{layer}.{to}.{rest}` for the layers in `layers`.
-fn rename_module(
-    t: &BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>,
-    layers: &[usize],
-    from: &str,
-    to: &str,
-) -> BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)> {
+fn rename_module(t: &Tensors, layers: &[usize], from: &str, to: &str) -> Tensors {
     t.iter()
         .map(|(n, v)| {
             let renamed = layers.iter().find_map(|i| {
@@ -191,12 +192,7 @@ fn rename_module(
 /// Per-expert `{moe}.experts.{e}.{gate,up,down}` → transformers' fused
 /// `{moe}.experts.gate_up_proj` `[E, 2I, H]` (gate rows, then up rows) and
 /// `{moe}.experts.down_proj` `[E, H, I]`.
-fn fuse_experts(
-    t: &BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>,
-    moe: &str,
-    experts: usize,
-    names: [&str; 3],
-) -> BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)> {
+fn fuse_experts(t: &Tensors, moe: &str, experts: usize, names: [&str; 3]) -> Tensors {
     let mut out = t.clone();
     let (mut gate_up, mut down) = (Vec::new(), Vec::new());
     let (mut gu_shape, mut d_shape, mut dtype) = (vec![], vec![], Dtype::BF16);

@@ -102,7 +102,7 @@ impl DeepseekV3 {
                     ckpt,
                     &format!("{p}.self_attn"),
                     d,
-                    shape.clone(),
+                    shape,
                     &opts,
                     arch.cache_index(i),
                 )?,

@@ -96,7 +96,7 @@ impl Llama {
                     ckpt,
                     &format!("{p}.self_attn"),
                     d,
-                    shape.clone(),
+                    shape,
                     arch.cache_index(i),
                 )?,
                 post_attention_layernorm: RmsNorm::load(

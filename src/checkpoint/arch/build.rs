@@ -414,7 +414,7 @@ fn kimi(v: &Value, model_type: ModelType, ckpt: Option<&Checkpoint>, root: &str)
             return types[i] == "linear_attention";
         }
         // transformers' fallback: every 4th layer (1-based) is full attention.
-        !(i > 0 && i % 4 == 0)
+        !(i > 0 && i.is_multiple_of(4))
     };
     let is_moe = |i: usize| -> MlpKind {
         match mlp_types {

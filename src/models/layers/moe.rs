@@ -250,7 +250,7 @@ impl MoeBlock {
 /// The feed-forward part of a decoder layer.
 pub enum Ffn {
     /// One gated MLP.
-    Dense(Mlp),
+    Dense(Box<Mlp>),
     /// Router, routed and shared experts.
     Moe(Box<MoeBlock>),
 }
@@ -259,14 +259,14 @@ impl Ffn {
     /// Loads the feed-forward part of layer `layer` as `arch` says it is.
     pub fn load(ckpt: &Checkpoint, layer_prefix: &str, arch: &Arch, layer: usize) -> Result<Ffn> {
         Ok(match arch.layers[layer].mlp {
-            MlpKind::Dense => Ffn::Dense(Mlp::load_dense(
+            MlpKind::Dense => Ffn::Dense(Box::new(Mlp::load_dense(
                 ckpt,
                 layer_prefix,
                 arch.family,
                 arch.hidden_size,
                 arch.intermediate_size,
                 arch.act,
-            )?),
+            )?)),
             MlpKind::Moe => Ffn::Moe(Box::new(MoeBlock::load(ckpt, layer_prefix, arch, layer)?)),
         })
     }
