@@ -11,6 +11,7 @@ use caracal_kernels::sampling::{apply_penalties, sample, Rng, SamplingParams};
 use caracal_kernels::threads::on_pool;
 use serde::Serialize;
 
+use crate::checkpoint::LoadOptions;
 use crate::error::{Error, Result};
 use crate::models::{self, CausalLm, LogitsMode, SeqBatch, SeqState};
 use crate::text::tokenizer::TextTokenizer;
@@ -32,15 +33,21 @@ pub struct LoadedModel {
 }
 
 impl LoadedModel {
-    /// Loads `dir` (config, weights, tokenizer if present).
+    /// Loads `dir` (config, weights, tokenizer if present) with the default
+    /// [`LoadOptions`] (f32 activations for quantized weights).
     pub fn load(dir: &Path) -> Result<LoadedModel> {
+        LoadedModel::load_with(dir, &LoadOptions::default())
+    }
+
+    /// Loads `dir` with `opts` (how quantized weights meet activations).
+    pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         if !dir.is_dir() {
             return Err(Error::io(
                 dir,
                 std::io::Error::new(std::io::ErrorKind::NotFound, "model folder does not exist"),
             ));
         }
-        let model = models::load(dir)?;
+        let model = models::load_with(dir, opts)?;
         let tokenizer = if TextTokenizer::exists_in(dir) {
             Some(TextTokenizer::from_dir(dir)?)
         } else {

@@ -343,7 +343,8 @@ def restore_kimi_dense_mlp_names(folder: Path, config: KimiLinearConfig) -> None
     on save is applied to *every* ``.mlp.``, so the dense layers' MLP comes out as
     ``model.layers.{i}.block_sparse_moe.{gate,up,down}_proj.weight``. The published Kimi-Linear
     checkpoints (and the vLLM/sglang loaders) name it ``model.layers.{i}.mlp.*``; transformers loads
-    both spellings, so the published one is restored here.
+    both spellings, so the published one is restored here. Caracal reads both as well
+    (``tests/configs.rs`` renames them back and compares logits).
     """
     dense = [i for i, t in enumerate(config.mlp_layer_types) if t == "dense"]
     pat = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.((?:gate|up|down)_proj\.weight)$")

@@ -1,6 +1,7 @@
-//! Reading a checkpoint's JSON files: `config.json` (dispatch on
-//! `model_type`), `generation_config.json` (stop ids) and the RoPE settings,
-//! which published configs write as `rope_scaling` and transformers 5.x as
+//! Reading a checkpoint's JSON files: `config.json` (typed into
+//! [`crate::checkpoint::arch`], which also lists the supported `model_type`s),
+//! `generation_config.json` (stop ids) and the RoPE settings, which
+//! published configs write as `rope_scaling` and transformers 5.x as
 //! `rope_parameters`.
 
 use std::path::Path;
@@ -10,10 +11,6 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-
-/// Architectures Caracal loads, by `model_type`.
-pub const SUPPORTED_MODEL_TYPES: &[&str] =
-    &["llama", "deepseek_v3", "kimi_k2", "kimi_linear", "kimi_k3"];
 
 /// Reads a JSON file into a value.
 pub fn read_json(path: &Path, what: &'static str) -> Result<Value> {
@@ -32,27 +29,6 @@ pub fn parse_config<T: DeserializeOwned>(value: &Value, path: &Path) -> Result<T
         path: path.into(),
         detail: e.to_string(),
     })
-}
-
-/// The `model_type` of a config, checked against [`SUPPORTED_MODEL_TYPES`].
-pub fn model_type(value: &Value) -> Result<String> {
-    let found = value
-        .get("model_type")
-        .and_then(|v| v.as_str())
-        .unwrap_or("")
-        .to_string();
-    if SUPPORTED_MODEL_TYPES.contains(&found.as_str()) {
-        Ok(found)
-    } else {
-        Err(Error::UnknownModelType {
-            found: if found.is_empty() {
-                "(missing)".into()
-            } else {
-                found
-            },
-            supported: SUPPORTED_MODEL_TYPES.join(", "),
-        })
-    }
 }
 
 /// RoPE settings: base and scaling, from either key spelling.
@@ -190,17 +166,6 @@ pub mod defaults {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn unknown_model_type_lists_supported_ones() {
-        let err = model_type(&serde_json::json!({"model_type": "gpt_neox"}))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("gpt_neox") && err.contains("kimi_linear") && err.contains("llama"),
-            "{err}"
-        );
-    }
 
     #[test]
     fn reads_yarn_from_either_key() {

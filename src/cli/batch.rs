@@ -33,8 +33,8 @@ pub struct BatchArgs {
 }
 
 /// Runs `caracal batch`.
-pub fn run(a: BatchArgs) -> Result<()> {
-    let loaded = super::load_model(&super::model_dir(a.model.clone())?)?;
+pub fn run(a: BatchArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> {
+    let loaded = super::load_model(&super::model_dir(a.model.clone())?, load)?;
     let file =
         std::fs::File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
     let lines: Vec<String> = std::io::BufReader::new(file)

@@ -193,9 +193,9 @@ async fn run_level(
 }
 
 /// Runs `caracal bench`.
-pub fn run(a: BenchArgs) -> Result<()> {
+pub fn run(a: BenchArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> {
     let model_dir = super::model_dir(a.model.clone())?;
-    let loaded = super::load_model(&model_dir)?;
+    let loaded = super::load_model(&model_dir, load)?;
     let model: Arc<dyn CausalLm> = Arc::from(loaded.model);
     let info = model.info().clone();
     if a.input_len + a.output_len + a.history >= info.max_position {

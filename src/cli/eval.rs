@@ -43,17 +43,17 @@ struct PplArgs {
 }
 
 /// Runs `caracal eval`.
-pub fn run(a: EvalArgs) -> Result<()> {
+pub fn run(a: EvalArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> {
     match a.what {
-        EvalCommand::Ppl(p) => ppl(p),
+        EvalCommand::Ppl(p) => ppl(p, load),
     }
 }
 
-fn ppl(a: PplArgs) -> Result<()> {
+fn ppl(a: PplArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> {
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("reading {}", a.file.display()))?;
     let model_dir = super::model_dir(a.model.clone())?;
-    let loaded = super::load_model(&model_dir)?;
+    let loaded = super::load_model(&model_dir, load)?;
     let tok = loaded
         .tokenizer
         .as_ref()

@@ -51,7 +51,7 @@ pub struct GenerateArgs {
 }
 
 /// Runs `caracal generate`.
-pub fn run(a: GenerateArgs) -> Result<()> {
+pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> {
     if !(0.0..=100.0).contains(&a.temperature) {
         bail!("--temperature must be in [0, 100], got {}", a.temperature);
     }
@@ -59,7 +59,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         bail!("--top-p must be in (0, 1], got {}", a.top_p);
     }
     let model_dir = super::model_dir(a.model.clone())?;
-    let loaded = super::load_model(&model_dir)?;
+    let loaded = super::load_model(&model_dir, load)?;
     let tok = loaded.tokenizer.as_ref();
     let prompt_ids = match (&a.prompt, &a.prompt_ids) {
         (_, Some(ids)) => ids.clone(),

@@ -16,8 +16,10 @@ mod synth;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use caracal::checkpoint::LoadOptions;
 use caracal::generate::LoadedModel;
 use caracal::text::tokenizer::TextTokenizer;
+use caracal_kernels::Activations;
 use clap::{Parser, Subcommand};
 
 /// Caracal: serve Kimi-family multimodal MoE models to agents.
@@ -72,15 +74,21 @@ enum Command {
 /// Parses the command line and runs the chosen subcommand.
 pub fn run() -> Result<()> {
     let cli = Cli::parse();
+    let load = LoadOptions {
+        activations: match cli.quantized_activations {
+            ActivationsArg::Int8 => Activations::Int8,
+            ActivationsArg::F32 => Activations::F32,
+        },
+    };
     match cli.command {
-        Command::Generate(args) => generate::run(args),
+        Command::Generate(args) => generate::run(args, &load),
         Command::Quantize(args) => quantize::run(args),
         Command::Inspect(args) => inspect::run(args),
-        Command::Eval(args) => eval::run(args),
+        Command::Eval(args) => eval::run(args, &load),
         Command::ImportGguf(args) => import::run_import(args),
         Command::Pull(args) => import::run_pull(args),
-        Command::Batch(args) => batch::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Batch(args) => batch::run(args, &load),
+        Command::Bench(args) => bench::run(args, &load),
         Command::Plan(args) => plan::run(args),
         Command::Moeify(args) => moeify::run(args),
         Command::Synth(args) => synth::run(args),
@@ -104,11 +112,11 @@ fn model_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
-/// [`LoadedModel::load`], plus a tiktoken tokenizer (`tiktoken.model`) when
+/// [`LoadedModel::load_with`], plus a tiktoken tokenizer (`tiktoken.model`) when
 /// the folder has no `tokenizer.json`.
-fn load_model(dir: &Path) -> Result<LoadedModel> {
+fn load_model(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let mut loaded =
-        LoadedModel::load(dir).with_context(|| format!("loading {}", dir.display()))?;
+        LoadedModel::load_with(dir, opts).with_context(|| format!("loading {}", dir.display()))?;
     if loaded.tokenizer.is_none() && TextTokenizer::exists_in(dir) {
         loaded.tokenizer = Some(
             TextTokenizer::from_dir(dir)

@@ -31,95 +31,28 @@
 //! (`weight_packed` + `weight_scale`) or float `.weight`.
 //!
 //! Choices where sources disagree (all switchable from `config.json`):
-//! - `A_log` shape: `linear_attn_config.a_log_layout` (see [`ALogLayout`]).
+//! - `A_log` shape: `linear_attn_config.a_log_layout` (see
+//!   [`crate::checkpoint::arch::ALogLayout`]).
 //! - eps of `q_a_layernorm` / `kv_a_layernorm`: `mla_latent_norm_eps`
 //!   (Caracal key), default 1e-6 as Moonshot's module builds them
 //!   (TokenSpeed and vLLM use `rms_norm_eps`).
 
-use std::path::Path;
-use std::sync::Arc;
-
-use caracal_kernels::mla::MlaShape;
-use caracal_kernels::moe::{RouterConfig, Scoring};
 use caracal_kernels::paged::KvPool;
 use caracal_kernels::Matrix;
-use serde::Deserialize;
-use serde_json::Value;
 
-use super::kimi_linear::KimiLinearConfig;
+use super::kimi_linear::Mixer;
 use super::layers::attn_res::{AttnResWeights, BlockHistory};
-use super::layers::experts::load_expert_mlp;
-use super::layers::kda::{ALogLayout, ForgetGate, KdaAttention, KdaOptions};
-use super::layers::mla::{MlaAttention, MlaOptions};
-use super::layers::moe::{LatentProj, MoeBlock};
-use super::layers::{add_inplace, embed, logits, BatchLayout, GluAct, Mlp, RmsNorm};
-use super::{
-    CausalLm, EngineError, ExpertDispatch, ExpertFfn, ModelInfo, MoeModel, SeqBatch, SeqState,
-};
-use crate::checkpoint::config::{defaults, parse_config};
+use super::layers::moe::{impl_moe_model, Ffn};
+use super::layers::{add_inplace, embed, logits, BatchLayout, RmsNorm};
+use super::{CausalLm, EngineError, ModelInfo, MoeModel, SeqBatch, SeqState};
+use crate::checkpoint::arch::{Arch, AttentionKind};
 use crate::checkpoint::Checkpoint;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
-/// K3 keys of `linear_attn_config` beyond Kimi Linear's.
-#[derive(Debug, Clone, Deserialize, Default)]
-pub struct K3LinearAttnConfig {
-    /// `g_proj` output gate instead of `g_a_proj`/`g_b_proj` (K3: true).
-    #[serde(default)]
-    pub use_full_rank_gate: bool,
-    /// Bounded forget gate `g ∈ (gate_lower_bound, 0)` (K3: −5.0); `None`
-    /// keeps Kimi Linear's softplus gate.
-    #[serde(default)]
-    pub gate_lower_bound: Option<f32>,
-    /// How `A_log` is read (Caracal key; default `auto`, see [`ALogLayout`]).
-    #[serde(default)]
-    pub a_log_layout: ALogLayout,
-}
-
-/// The keys K3 adds to a `kimi_linear` text config (reference doc §1.5).
-/// The shared keys are read as [`KimiLinearConfig`].
-#[derive(Debug, Clone, Deserialize)]
-pub struct K3Extensions {
-    /// Decoder layers per AttnRes block (K3: 12); `None` disables AttnRes.
-    #[serde(default)]
-    pub attn_res_block_size: Option<usize>,
-    /// Sigmoid output gate `g_proj` on MLA layers (K3: true).
-    #[serde(default)]
-    pub mla_use_output_gate: bool,
-    /// SiTU β (K3: 4.0).
-    #[serde(default)]
-    pub activation_situ_beta: Option<f32>,
-    /// SiTU β_lin (K3: 25.0); `None`: `up` is not clipped.
-    #[serde(default)]
-    pub activation_situ_linear_beta: Option<f32>,
-    /// Width routed experts run at (K3: 3584); `None`: the full width.
-    #[serde(default)]
-    pub routed_expert_hidden_size: Option<usize>,
-    /// RMSNorm on the weighted expert sum before `routed_expert_up_proj`.
-    #[serde(default)]
-    pub latent_moe_use_norm: bool,
-    /// Every `moe_layer_freq`-th layer from `first_k_dense_replace` is MoE.
-    #[serde(default = "defaults::one")]
-    pub moe_layer_freq: usize,
-    /// eps of MLA's `q_a_layernorm` / `kv_a_layernorm` (Caracal key; default
-    /// 1e-6 as in Moonshot's code, which builds them without the config eps).
-    #[serde(default = "defaults::eps_1e6")]
-    pub mla_latent_norm_eps: f32,
-    /// K3 keys inside `linear_attn_config`.
-    #[serde(default)]
-    pub linear_attn_config: K3LinearAttnConfig,
-}
-
-/// Token mixer of a layer.
-enum Mixer {
-    Kda(Box<KdaAttention>),
-    Mla(Box<MlaAttention>),
-}
-
-/// Channel mixer of a layer.
-enum Ffn {
-    Dense(Box<Mlp>),
-    Moe(Box<MoeBlock>),
-}
+/// The K3 `config.json` keys (read once, into the [`Arch`]) and the text
+/// part of a K3 config.
+pub use crate::checkpoint::arch::keys::{K3Extensions, K3LinearAttnConfig};
+pub use crate::checkpoint::arch::text_config;
 
 /// The two AttnRes mixes of a decoder layer.
 struct LayerAttnRes {
@@ -134,6 +67,7 @@ struct Layer {
     input_layernorm: RmsNorm,
     mixer: Mixer,
     post_attention_layernorm: RmsNorm,
+    /// Dense SiTU MLP (layer 0) or latent MoE.
     ffn: Ffn,
 }
 
@@ -152,146 +86,21 @@ pub struct KimiK3 {
     eps: f32,
 }
 
-/// The text part of a K3 config: `text_config` when present, else the
-/// config itself (text-only checkpoints).
-pub fn text_config(config: &Value) -> &Value {
-    match config.get("text_config") {
-        Some(t) if t.is_object() => t,
-        _ => config,
-    }
-}
-
 impl KimiK3 {
-    /// Loads the text backbone named by `config` from `ckpt`.
-    pub fn load(
-        config: &Value,
-        cfg_path: &Path,
-        ckpt: &Checkpoint,
-        eos_ids: Vec<u32>,
-    ) -> Result<KimiK3> {
-        let text = text_config(config);
-        let c: KimiLinearConfig = parse_config(text, cfg_path)?;
-        let x: K3Extensions = parse_config(text, cfg_path)?;
-        if !c.mla_use_nope {
-            return Err(Error::Config(
-                "kimi_k3 with mla_use_nope=false is not supported".into(),
-            ));
-        }
-        if x.attn_res_block_size == Some(0) || x.moe_layer_freq == 0 {
-            return Err(Error::Config(
-                "`attn_res_block_size` and `moe_layer_freq` must be at least 1".into(),
-            ));
-        }
-        let d = c.hidden_size;
-        let eps = c.rms_norm_eps;
-        let act = GluAct::from_config(
-            &c.hidden_act,
-            x.activation_situ_beta,
-            x.activation_situ_linear_beta,
+    /// Loads the text backbone `arch` describes from `ckpt`.
+    pub fn load(arch: &Arch, ckpt: &Checkpoint, eos_ids: Vec<u32>) -> Result<KimiK3> {
+        let (d, eps, root) = (arch.hidden_size, arch.rms_norm_eps, arch.root.as_str());
+        let embed_tokens = ckpt.matrix(
+            &format!("{root}model.embed_tokens.weight"),
+            arch.vocab_size,
+            d,
         )?;
-        let root = if ckpt.has("language_model.model.embed_tokens.weight") {
-            "language_model."
-        } else {
-            ""
-        };
-        let lin = &c.linear_attn_config;
-        let kda = KdaOptions {
-            hidden: d,
-            heads: lin.num_heads,
-            head_dim: lin.head_dim,
-            kernel: lin.short_conv_kernel_size,
-            eps,
-            full_rank_gate: x.linear_attn_config.use_full_rank_gate,
-            forget_gate: x
-                .linear_attn_config
-                .gate_lower_bound
-                .map_or(ForgetGate::Softplus, ForgetGate::LowerBound),
-            a_log_layout: x.linear_attn_config.a_log_layout,
-        };
-        let shape = MlaShape {
-            heads: c.num_attention_heads,
-            nope_dim: c.qk_nope_head_dim,
-            rope_dim: c.qk_rope_head_dim,
-            v_dim: c.v_head_dim,
-            kv_lora_rank: c.kv_lora_rank,
-        };
-        let mla = MlaOptions {
-            q_lora_rank: c.q_lora_rank,
-            latent_norm_eps: x.mla_latent_norm_eps,
-            scale: ((c.qk_nope_head_dim + c.qk_rope_head_dim) as f32).powf(-0.5),
-            rope_interleave: false,
-        };
-        let router = RouterConfig {
-            scoring: match c.moe_router_activation_func.as_str() {
-                "sigmoid" => Scoring::Sigmoid,
-                "softmax" => Scoring::Softmax,
-                other => {
-                    return Err(Error::Config(format!(
-                        "unsupported moe_router_activation_func `{other}`"
-                    )))
-                }
-            },
-            top_k: c.num_experts_per_token,
-            n_group: c.num_expert_group,
-            topk_group: c.topk_group,
-            renormalize: c.moe_renormalize,
-            routed_scaling_factor: c.routed_scaling_factor,
-            bias_in_weights: false,
-        };
-        let is_moe = |i: usize| match &c.mlp_layer_types {
-            Some(types) => types.get(i).map(|t| t == "sparse").unwrap_or(false),
-            None => {
-                c.num_experts > 0
-                    && i >= c.first_k_dense_replace
-                    && i.is_multiple_of(x.moe_layer_freq)
-            }
-        };
-        let embed_tokens =
-            ckpt.matrix(&format!("{root}model.embed_tokens.weight"), c.vocab_size, d)?;
-        let (mut kv_layers, mut linear_layers, mut moe_layers) = (0, 0, 0);
-        let mut layers = Vec::with_capacity(c.num_hidden_layers);
-        for i in 0..c.num_hidden_layers {
+        let mut layers = Vec::with_capacity(arch.num_layers());
+        for i in 0..arch.num_layers() {
             let p = format!("{root}model.layers.{i}");
-            let attn_p = format!("{p}.self_attn");
-            let mixer = if c.is_kda_layer(i) {
-                linear_layers += 1;
-                Mixer::Kda(Box::new(KdaAttention::load_with(
-                    ckpt,
-                    &attn_p,
-                    &kda,
-                    linear_layers - 1,
-                )?))
-            } else {
-                kv_layers += 1;
-                let m = MlaAttention::load(ckpt, &attn_p, d, shape, &mla, kv_layers - 1)?;
-                Mixer::Mla(Box::new(if x.mla_use_output_gate {
-                    m.with_output_gate(ckpt, &attn_p, d)?
-                } else {
-                    m
-                }))
-            };
-            let ffn = if is_moe(i) {
-                moe_layers += 1;
-                Ffn::Moe(Box::new(load_moe(
-                    ckpt,
-                    &format!("{p}.block_sparse_moe"),
-                    &c,
-                    &x,
-                    act,
-                    router.clone(),
-                    moe_layers - 1,
-                )?))
-            } else {
-                Ffn::Dense(Box::new(Mlp::load(
-                    ckpt,
-                    &format!("{p}.mlp"),
-                    ["gate_proj", "up_proj", "down_proj"],
-                    d,
-                    c.intermediate_size,
-                    act,
-                )?))
-            };
-            let attn_res = match x.attn_res_block_size {
+            let mixer = Mixer::load(ckpt, &p, arch, i)?;
+            let ffn = Ffn::load(ckpt, &p, arch, i)?;
+            let attn_res = match arch.attn_res_block_size {
                 Some(_) => Some(LayerAttnRes {
                     attn: AttnResWeights::load(
                         ckpt,
@@ -326,7 +135,7 @@ impl KimiK3 {
                 ffn,
             });
         }
-        let output_attn_res = match x.attn_res_block_size {
+        let output_attn_res = match arch.attn_res_block_size {
             Some(_) => Some(AttnResWeights::load(
                 ckpt,
                 &format!("{root}model.output_attn_res_norm.weight"),
@@ -335,18 +144,18 @@ impl KimiK3 {
             )?),
             None => None,
         };
-        let lm_head = if c.tie_word_embeddings {
+        let lm_head = if arch.tie_word_embeddings {
             embed_tokens.clone()
         } else {
-            ckpt.matrix(&format!("{root}lm_head.weight"), c.vocab_size, d)?
+            ckpt.matrix(&format!("{root}lm_head.weight"), arch.vocab_size, d)?
         };
         let info = ModelInfo {
-            model_type: "kimi_k3".into(),
-            vocab_size: c.vocab_size,
-            max_position: c.model_max_length,
-            kv_layers,
-            kv_width: c.kv_lora_rank + c.qk_rope_head_dim,
-            linear_layers,
+            model_type: arch.model_type.name().into(),
+            vocab_size: arch.vocab_size,
+            max_position: arch.max_position,
+            kv_layers: arch.kv_layers(),
+            kv_width: arch.kv_width(),
+            linear_layers: arch.count(AttentionKind::Kda),
             eos_ids,
             num_params: ckpt.total_params(),
         };
@@ -354,115 +163,13 @@ impl KimiK3 {
             info,
             embed_tokens,
             layers,
-            block_size: x.attn_res_block_size,
+            block_size: arch.attn_res_block_size,
             output_attn_res,
             norm: RmsNorm::load(ckpt, &format!("{root}model.norm.weight"), d, eps)?,
             lm_head,
             eps,
         })
     }
-
-    /// The token mixer of `layer` on normed input `x`.
-    fn mix_tokens(
-        &self,
-        layer: &Layer,
-        x: &[f32],
-        layout: &BatchLayout,
-        batch: &mut [SeqBatch<'_>],
-        cache: &mut KvPool,
-    ) -> Vec<f32> {
-        match &layer.mixer {
-            Mixer::Kda(kda) => kda.forward(x, layout, batch),
-            Mixer::Mla(mla) => mla.forward(x, layout, None, cache),
-        }
-    }
-
-    /// The FFN of `layer` on normed input `x`.
-    fn mix_channels(layer: &Layer, x: &[f32]) -> Vec<f32> {
-        match &layer.ffn {
-            Ffn::Dense(mlp) => mlp.forward(x),
-            Ffn::Moe(moe) => moe.forward(x),
-        }
-    }
-}
-
-/// Loads one latent MoE block at `m` (`….block_sparse_moe`).
-fn load_moe(
-    ckpt: &Checkpoint,
-    m: &str,
-    c: &KimiLinearConfig,
-    x: &K3Extensions,
-    act: GluAct,
-    router: RouterConfig,
-    moe_layer: usize,
-) -> Result<MoeBlock> {
-    let (d, e) = (c.hidden_size, c.num_experts);
-    let width = x.routed_expert_hidden_size.unwrap_or(d);
-    let experts = (0..e)
-        .map(|j| {
-            load_expert_mlp(
-                ckpt,
-                m,
-                j,
-                ["w1", "w3", "w2"],
-                width,
-                c.moe_intermediate_size,
-                act,
-            )
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let shared = if c.num_shared_experts > 0 {
-        let names = ["gate_proj", "up_proj", "down_proj"];
-        Some(Mlp::load(
-            ckpt,
-            &format!("{m}.shared_experts"),
-            names,
-            d,
-            c.moe_intermediate_size * c.num_shared_experts,
-            act,
-        )?)
-    } else {
-        None
-    };
-    let bias_name = format!("{m}.gate.e_score_correction_bias");
-    let bias = if ckpt.has(&bias_name) {
-        Some(ckpt.vector(&bias_name, e)?)
-    } else {
-        None
-    };
-    let block = MoeBlock::new(
-        ckpt.matrix(&format!("{m}.gate.weight"), e, d)?,
-        bias,
-        experts,
-        shared,
-        router,
-        moe_layer,
-    );
-    Ok(match x.routed_expert_hidden_size {
-        Some(r) => block.with_latent(LatentProj {
-            routed_expert_down_proj: ckpt.matrix(
-                &format!("{m}.routed_expert_down_proj.weight"),
-                r,
-                d,
-            )?,
-            routed_expert_norm: if x.latent_moe_use_norm {
-                Some(RmsNorm::load(
-                    ckpt,
-                    &format!("{m}.routed_expert_norm.weight"),
-                    r,
-                    c.rms_norm_eps,
-                )?)
-            } else {
-                None
-            },
-            routed_expert_up_proj: ckpt.matrix(
-                &format!("{m}.routed_expert_up_proj.weight"),
-                d,
-                r,
-            )?,
-        }),
-        None => block,
-    })
 }
 
 impl CausalLm for KimiK3 {
@@ -471,16 +178,12 @@ impl CausalLm for KimiK3 {
     }
 
     fn new_state(&self) -> SeqState {
-        let linear = self
-            .layers
-            .iter()
-            .filter_map(|l| match &l.mixer {
-                Mixer::Kda(k) => Some(k.new_state()),
-                Mixer::Mla(_) => None,
-            })
-            .collect();
         SeqState {
-            linear,
+            linear: self
+                .layers
+                .iter()
+                .filter_map(|l| l.mixer.new_state())
+                .collect(),
             ..SeqState::default()
         }
     }
@@ -514,7 +217,7 @@ impl CausalLm for KimiK3 {
                     let h = layer
                         .input_layernorm
                         .forward(&blocks.mix(&res.attn, &prefix));
-                    let a = self.mix_tokens(layer, &h, &layout, batch, cache);
+                    let a = layer.mixer.forward(&h, &layout, batch, cache);
                     if l.is_multiple_of(bs) {
                         // Block boundary: snapshot the finished block, start a new sum.
                         blocks.push(std::mem::replace(&mut prefix, a));
@@ -524,19 +227,19 @@ impl CausalLm for KimiK3 {
                     let h = layer
                         .post_attention_layernorm
                         .forward(&blocks.mix(&res.mlp, &prefix));
-                    add_inplace(&mut prefix, &Self::mix_channels(layer, &h));
+                    add_inplace(&mut prefix, &layer.ffn.forward(&h));
                 }
                 _ => {
-                    let a = self.mix_tokens(
-                        layer,
+                    let a = layer.mixer.forward(
                         &layer.input_layernorm.forward(&prefix),
                         &layout,
                         batch,
                         cache,
                     );
                     add_inplace(&mut prefix, &a);
-                    let m =
-                        Self::mix_channels(layer, &layer.post_attention_layernorm.forward(&prefix));
+                    let m = layer
+                        .ffn
+                        .forward(&layer.post_attention_layernorm.forward(&prefix));
                     add_inplace(&mut prefix, &m);
                 }
             }
@@ -554,29 +257,13 @@ impl CausalLm for KimiK3 {
     }
 }
 
-impl MoeModel for KimiK3 {
-    fn experts(&self) -> Vec<Vec<Arc<dyn ExpertFfn>>> {
-        self.layers
-            .iter()
-            .filter_map(|l| match &l.ffn {
-                Ffn::Moe(m) => Some(m.experts.clone()),
-                Ffn::Dense(_) => None,
-            })
-            .collect()
-    }
-
-    fn set_expert_dispatch(&self, dispatch: Arc<dyn ExpertDispatch>) {
-        for l in &self.layers {
-            if let Ffn::Moe(m) = &l.ffn {
-                m.set_dispatch(dispatch.clone());
-            }
-        }
-    }
-}
+impl_moe_model!(KimiK3, ffn);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::arch::ALogLayout;
+    use crate::models::kimi_linear::KimiLinearConfig;
 
     #[test]
     fn k3_keys_parse_with_their_defaults() {

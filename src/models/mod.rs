@@ -21,8 +21,10 @@ pub mod llama;
 
 use std::path::Path;
 
-use crate::checkpoint::config::{eos_ids, model_type, read_json};
+use crate::checkpoint::arch::{Arch, ModelType};
+use crate::checkpoint::config::{eos_ids, read_json};
 use crate::checkpoint::Checkpoint;
+pub use crate::checkpoint::LoadOptions;
 use crate::error::{Error, Result};
 
 pub use caracal_actors::engine::{
@@ -30,8 +32,17 @@ pub use caracal_actors::engine::{
     SeqBatch, SeqState,
 };
 
-/// Loads the model in `dir`, dispatching on `model_type`.
+/// Loads the model in `dir` with the default [`LoadOptions`] (f32
+/// activations for quantized weights).
 pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
+    load_with(dir, &LoadOptions::default())
+}
+
+/// Loads the model in `dir`: `config.json` is parsed once into an [`Arch`]
+/// checked against the checkpoint's tensor headers, then the model of its
+/// `model_type` is built from that description. Every quantized matrix
+/// carries `opts.activations`.
+pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<Box<dyn CausalLm>> {
     let cfg_path = dir.join("config.json");
     if !cfg_path.exists() {
         return Err(Error::io(
@@ -40,19 +51,16 @@ pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
         ));
     }
     let config = read_json(&cfg_path, "config.json")?;
-    let mt = model_type(&config)?;
-    let ckpt = Checkpoint::open(dir)?;
+    let ckpt = Checkpoint::open_with(dir, opts)?;
+    let arch = Arch::for_checkpoint(&config, &ckpt)?;
     let eos = eos_ids(dir, &config);
-    let model: Box<dyn CausalLm> = match mt.as_str() {
-        "llama" => Box::new(llama::Llama::load(&config, &cfg_path, &ckpt, eos)?),
-        "deepseek_v3" | "kimi_k2" => Box::new(deepseek_v3::DeepseekV3::load(
-            &config, &cfg_path, &ckpt, eos,
-        )?),
-        "kimi_linear" => Box::new(kimi_linear::KimiLinear::load(
-            &config, &cfg_path, &ckpt, eos,
-        )?),
-        "kimi_k3" => Box::new(kimi_k3::KimiK3::load(&config, &cfg_path, &ckpt, eos)?),
-        other => unreachable!("model_type() only returns supported types, got {other}"),
+    let model: Box<dyn CausalLm> = match arch.model_type {
+        ModelType::Llama => Box::new(llama::Llama::load(&arch, &ckpt, eos)?),
+        ModelType::DeepseekV3 | ModelType::KimiK2 => {
+            Box::new(deepseek_v3::DeepseekV3::load(&arch, &ckpt, eos)?)
+        }
+        ModelType::KimiLinear => Box::new(kimi_linear::KimiLinear::load(&arch, &ckpt, eos)?),
+        ModelType::KimiK3 => Box::new(kimi_k3::KimiK3::load(&arch, &ckpt, eos)?),
     };
     Ok(model)
 }

@@ -26,6 +26,7 @@ mod devices;
 mod model;
 mod parse;
 mod render;
+mod shape;
 mod weights;
 
 use std::collections::BTreeMap;

@@ -1,13 +1,14 @@
-//! Config reading for the memory planner: `config.json` keys of the supported
-//! `model_type`s (with their alternative spellings) into [`TextArch`] and
-//! [`VisionArch`], and the built-in preset configs.
+//! Config reading for the memory planner: the checkpoint's [`Arch`] (the
+//! one description the loaders use too) into the planner's [`TextArch`],
+//! `vision_config` keys into [`VisionArch`], and the built-in preset configs.
 
 use serde_json::{json, Value};
 
-use super::model::{
-    AttentionKind, Family, GqaDims, KdaDims, MlaDims, MoeDims, ProjectorArch, TextArch, VisionArch,
+use super::shape::{
+    AttentionKind, GqaDims, KdaDims, MlaDims, MoeDims, ProjectorArch, TextArch, VisionArch,
 };
-use crate::error::{Error, Result};
+use crate::checkpoint::arch::{Arch, MlpKind};
+use crate::error::Result;
 
 /// Reads config keys, skipping nulls, with alternative spellings.
 struct Keys<'a>(&'a Value);
@@ -19,10 +20,6 @@ impl Keys<'_> {
     fn num(&self, keys: &[&str]) -> Option<u64> {
         keys.iter()
             .find_map(|k| self.get(k).and_then(|v| v.as_u64()))
-    }
-    fn need(&self, keys: &[&str]) -> Result<u64> {
-        self.num(keys)
-            .ok_or_else(|| Error::Config(format!("`{}` missing or not a whole number", keys[0])))
     }
     fn or(&self, keys: &[&str], default: u64) -> u64 {
         self.num(keys).unwrap_or(default)
@@ -37,114 +34,65 @@ impl Keys<'_> {
     }
 }
 
-/// Parses the text decoder of one of the supported `model_type`s.
-pub(super) fn parse_text(v: &Value, model_type: &str, prefix: &str) -> Result<TextArch> {
-    let k = Keys(v);
-    let family = match model_type {
-        "llama" => Family::Llama,
-        "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
-        "kimi_linear" => Family::KimiLinear,
-        other => return Err(Error::UnknownModelType {
-            found: if other.is_empty() {
-                "(missing)".into()
-            } else {
-                other.into()
-            },
-            supported:
-                "llama, deepseek_v3, kimi_k2, kimi_linear, kimi_k3 (text_config + vision_config)"
-                    .into(),
-        }),
-    };
-    let hidden = k.need(&["hidden_size"])?;
-    let layers = k.need(&["num_hidden_layers"])? as usize;
-    let heads = k.need(&["num_attention_heads"])?;
-    let mut t = TextArch {
-        family,
-        hidden,
-        vocab: k.need(&["vocab_size"])?,
-        layers,
-        tie_embeddings: k.flag("tie_word_embeddings", false),
-        attention: vec![AttentionKind::Mla; layers],
-        moe_layers: vec![false; layers],
-        gqa: None,
-        mla: None,
-        kda: None,
-        moe: None,
-        dense_intermediate: k.need(&["intermediate_size"])?,
-        mlp_bias: k.flag("mlp_bias", false),
-        attn_res_block: k.num(&["attn_res_block_size"]).map(|b| b as usize),
-        max_position: k.or(&["max_position_embeddings", "model_max_length"], 0),
-        mtp_layers: k.or(&["num_nextn_predict_layers"], 0),
-        prefix: prefix.to_string(),
-    };
-    if family == Family::Llama {
-        t.attention = vec![AttentionKind::Gqa; layers];
-        t.gqa = Some(GqaDims {
-            heads,
-            kv_heads: k.or(&["num_key_value_heads"], heads),
-            head_dim: k.or(&["head_dim"], hidden / heads),
-            bias: k.flag("attention_bias", false),
-        });
-        return Ok(t);
-    }
-    t.mla = Some(MlaDims {
-        heads,
-        q_lora_rank: k.num(&["q_lora_rank"]),
-        kv_lora_rank: k.need(&["kv_lora_rank"])?,
-        qk_nope: k.need(&["qk_nope_head_dim"])?,
-        qk_rope: k.need(&["qk_rope_head_dim"])?,
-        v_head: k.need(&["v_head_dim"])?,
-        output_gate: k.flag("mla_use_output_gate", false),
-    });
-    if let Some(lin) = k.get("linear_attn_config").filter(|l| l.is_object()) {
-        let lk = Keys(lin);
-        let kda_layers: Vec<u64> = match (lk.list("kda_layers"), lk.list("full_attn_layers")) {
-            (Some(kda), _) => kda,
-            (None, Some(full)) => (1..=layers as u64).filter(|l| !full.contains(l)).collect(),
-            (None, None) => {
-                return Err(Error::Config(
-                    "linear_attn_config needs `kda_layers` or `full_attn_layers`".into(),
-                ))
-            }
-        };
-        // Layer lists are 1-based.
-        for l in kda_layers {
-            let i = (l as usize).checked_sub(1).filter(|&i| i < layers);
-            let i = i.ok_or_else(|| {
-                Error::Config(format!("kda_layers entry {l} outside 1..={layers}"))
-            })?;
-            t.attention[i] = AttentionKind::Kda;
-        }
-        t.kda = Some(KdaDims {
-            heads: lk.need(&["num_heads"])?,
-            head_dim: lk.need(&["head_dim"])?,
-            conv_kernel: lk.or(&["short_conv_kernel_size"], 4),
-            full_rank_gate: lk.flag("use_full_rank_gate", false),
-        });
-    }
-    let experts = k.or(&["n_routed_experts", "num_experts"], 0);
-    if experts > 0 {
-        let latent = k
-            .num(&["routed_expert_hidden_size"])
-            .filter(|&l| l != hidden);
-        t.moe = Some(MoeDims {
-            experts,
-            top_k: k.need(&["num_experts_per_tok", "num_experts_per_token"])?,
-            shared: k.or(&["n_shared_experts", "num_shared_experts"], 0),
-            intermediate: k.need(&["moe_intermediate_size"])?,
+/// The planner's view of a text decoder, from the checkpoint's [`Arch`].
+pub(super) fn text_arch(a: &Arch) -> TextArch {
+    let w = |v: usize| v as u64;
+    let moe = a.moe.as_ref().map(|m| {
+        let latent = m.latent.map(w).filter(|&l| l != w(a.hidden_size));
+        MoeDims {
+            experts: w(m.experts),
+            top_k: w(m.router.top_k),
+            shared: w(m.shared),
+            intermediate: w(m.intermediate),
             latent,
-            latent_norm: latent.is_some() && k.flag("latent_moe_use_norm", false),
-        });
-        let first_dense = k.or(
-            &["first_k_dense_replace"],
-            if family == Family::DeepseekV3 { 3 } else { 1 },
-        ) as usize;
-        let freq = k.or(&["moe_layer_freq"], 1).max(1) as usize;
-        t.moe_layers = (0..layers)
-            .map(|i| i >= first_dense && i % freq == 0)
-            .collect();
+            latent_norm: latent.is_some() && m.latent_norm,
+        }
+    });
+    TextArch {
+        family: a.family,
+        hidden: w(a.hidden_size),
+        vocab: w(a.vocab_size),
+        layers: a.num_layers(),
+        tie_embeddings: a.tie_word_embeddings,
+        attention: a.layers.iter().map(|l| l.attention).collect(),
+        moe_layers: a.layers.iter().map(|l| l.mlp == MlpKind::Moe).collect(),
+        gqa: a.gqa.as_ref().map(|g| GqaDims {
+            heads: w(g.heads),
+            kv_heads: w(g.kv_heads),
+            head_dim: w(g.head_dim),
+            bias: g.bias,
+        }),
+        mla: a
+            .mla
+            .as_ref()
+            .filter(|_| a.count(AttentionKind::Mla) > 0)
+            .map(|m| MlaDims {
+                heads: w(m.heads),
+                q_lora_rank: m.q_lora_rank.map(w),
+                kv_lora_rank: w(m.kv_lora_rank),
+                qk_nope: w(m.qk_nope_head_dim),
+                qk_rope: w(m.qk_rope_head_dim),
+                v_head: w(m.v_head_dim),
+                output_gate: m.output_gate,
+            }),
+        kda: a
+            .kda
+            .as_ref()
+            .filter(|_| a.count(AttentionKind::Kda) > 0)
+            .map(|k| KdaDims {
+                heads: w(k.heads),
+                head_dim: w(k.head_dim),
+                conv_kernel: w(k.conv_kernel),
+                full_rank_gate: k.full_rank_gate,
+            }),
+        moe,
+        dense_intermediate: w(a.intermediate_size),
+        mlp_bias: a.mlp_bias,
+        attn_res_block: a.attn_res_block_size,
+        max_position: w(a.max_position),
+        mtp_layers: w(a.mtp_layers),
+        prefix: format!("{}model.", a.root),
     }
-    Ok(t)
 }
 
 /// Parses a MoonViT (`hidden_size`, …) or MoonViT3d (`vt_*`) vision config;

@@ -19,7 +19,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use super::model::{Component, TensorKind, TensorSpec};
+use super::shape::{Component, TensorKind, TensorSpec};
 use crate::error::{Error, Result};
 
 /// A whole-model storage scheme, as chosen with `--weights`.

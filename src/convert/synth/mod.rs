@@ -66,6 +66,7 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use serde_json::{json, Value};
 
+use crate::checkpoint::arch::{Arch as ModelArch, AttentionKind, MlpKind};
 use crate::checkpoint::config::read_json;
 use crate::error::{Error, Result};
 
@@ -454,8 +455,10 @@ fn mla_layer(t: &mut Tensors, p: &str, s: &K3Shape) {
     t.linear(&format!("{p}.self_attn.g_proj.weight"), h * s.v_head_dim, d);
 }
 
-/// Everything but the routed experts of the text model.
-fn text_trunk(t: &mut Tensors, s: &K3Shape) {
+/// Everything but the routed experts of the text model; which layers are
+/// MLA or KDA, dense or MoE, is read from `arch` (the description parsed
+/// from the config being written, as the loader will parse it).
+fn text_trunk(t: &mut Tensors, s: &K3Shape, arch: &ModelArch) {
     let d = s.hidden_size;
     t.bf16(
         "language_model.model.embed_tokens.weight",
@@ -475,8 +478,7 @@ fn text_trunk(t: &mut Tensors, s: &K3Shape) {
         &[1, d],
         Init::Normal(1.0 / (d as f32).sqrt()),
     );
-    let full = s.full_attn_layers();
-    for i in 0..s.num_hidden_layers {
+    for (i, kind) in arch.layers.iter().enumerate() {
         let p = format!("language_model.model.layers.{i}");
         t.bf16(
             &format!("{p}.input_layernorm.weight"),
@@ -497,12 +499,12 @@ fn text_trunk(t: &mut Tensors, s: &K3Shape) {
                 Init::Normal(1.0 / (d as f32).sqrt()),
             );
         }
-        if full.contains(&(i + 1)) {
+        if kind.attention == AttentionKind::Mla {
             mla_layer(t, &p, s);
         } else {
             kda_layer(t, &p, s);
         }
-        if i == 0 {
+        if kind.mlp == MlpKind::Dense {
             // first_k_dense_replace = 1: a dense SiTU MLP.
             t.linear(&format!("{p}.mlp.gate_proj.weight"), s.intermediate_size, d);
             t.linear(&format!("{p}.mlp.up_proj.weight"), s.intermediate_size, d);
@@ -538,8 +540,8 @@ fn text_trunk(t: &mut Tensors, s: &K3Shape) {
 }
 
 /// Routed experts of every MoE layer, MXFP4, drawn in parallel per layer.
-fn routed_experts(t: &mut Tensors, s: &K3Shape, progress: bool) -> Result<()> {
-    let moe_layers: Vec<usize> = (1..s.num_hidden_layers).collect();
+fn routed_experts(t: &mut Tensors, s: &K3Shape, arch: &ModelArch, progress: bool) -> Result<()> {
+    let moe_layers: Vec<usize> = (0..arch.num_layers()).filter(|&i| arch.is_moe(i)).collect();
     let pb = if progress {
         let pb = ProgressBar::new((moe_layers.len() * s.num_experts) as u64);
         pb.set_style(
@@ -722,9 +724,11 @@ pub fn synthesize(out_dir: &Path, opts: &SynthOptions) -> Result<SynthSummary> {
         seed: opts.seed,
         map: BTreeMap::new(),
     };
-    text_trunk(&mut t, &shape);
+    let config = k3_config(&shape, opts.seed);
+    let arch = ModelArch::from_config(&config)?;
+    text_trunk(&mut t, &shape, &arch);
     vision(&mut t, &shape);
-    routed_experts(&mut t, &shape, opts.progress)?;
+    routed_experts(&mut t, &shape, &arch, opts.progress)?;
 
     let shard_names = [
         "model-00001-of-00002.safetensors",
@@ -759,7 +763,7 @@ pub fn synthesize(out_dir: &Path, opts: &SynthOptions) -> Result<SynthSummary> {
         &out_dir.join("model.safetensors.index.json"),
         &json!({"metadata": {"total_size": total}, "weight_map": weight_map}),
     )?;
-    write_json(&out_dir.join("config.json"), &k3_config(&shape, opts.seed))?;
+    write_json(&out_dir.join("config.json"), &config)?;
     write_json(
         &out_dir.join("generation_config.json"),
         &json!({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}),

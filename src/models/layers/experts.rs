@@ -10,7 +10,8 @@
 //! MXFP4 `_blocks` / `_scales` tensors or as float tensors
 //! ([`Checkpoint::fused_expert_matrix`]). In the fused layout gate is rows
 //! `[0, I)` and up rows `[I, 2I)` (transformers' concatenated halves, not
-//! gpt-oss's interleaving).
+//! gpt-oss's interleaving). Every MoE architecture loads its experts here
+//! ([`super::moe::MoeBlock::load`]), so each layout loads for each of them.
 
 use super::{GluAct, Mlp};
 use crate::checkpoint::Checkpoint;
@@ -31,19 +32,35 @@ pub fn load_expert_mlp(
     inter: usize,
     act: GluAct,
 ) -> Result<Mlp> {
+    load_expert(ckpt, moe_prefix, expert, &[names], hidden, inter, act)
+}
+
+/// [`load_expert_mlp`] accepting several spellings of the per-expert
+/// sub-names (the published one first; a checkpoint may use any of them),
+/// then the fused layout. The error for a missing expert names the first
+/// spelling and the fused tensors.
+pub fn load_expert(
+    ckpt: &Checkpoint,
+    moe_prefix: &str,
+    expert: usize,
+    spellings: &[[&str; 3]],
+    hidden: usize,
+    inter: usize,
+    act: GluAct,
+) -> Result<Mlp> {
     let per_expert = format!("{moe_prefix}.experts.{expert}");
-    if ckpt.has_matrix(&format!("{per_expert}.{}.weight", names[0])) {
-        return Mlp::load(ckpt, &per_expert, names, hidden, inter, act);
+    for names in spellings {
+        if ckpt.has_matrix(&format!("{per_expert}.{}.weight", names[0])) {
+            return Mlp::load(ckpt, &per_expert, *names, hidden, inter, act);
+        }
     }
     let gate_up = format!("{moe_prefix}.experts.gate_up_proj");
     let down = format!("{moe_prefix}.experts.down_proj");
     let fused = |base: &str| ckpt.has(base) || ckpt.has(&format!("{base}_blocks"));
     if !(fused(&gate_up) && fused(&down)) {
+        let first = spellings.first().map_or("gate_proj", |n| n[0]);
         return Err(Error::MissingTensor {
-            name: format!(
-                "{per_expert}.{}.weight (nor fused {gate_up} / {down})",
-                names[0]
-            ),
+            name: format!("{per_expert}.{first}.weight (nor fused {gate_up} / {down})"),
         });
     }
     Ok(Mlp {

@@ -19,9 +19,9 @@ use caracal_kernels::kda::{
 };
 use caracal_kernels::norm::rms_norm_gated_sigmoid;
 use caracal_kernels::Matrix;
-use serde::Deserialize;
 
 use super::BatchLayout;
+use crate::checkpoint::arch::Arch;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::models::{LinearState, SeqBatch};
@@ -55,28 +55,7 @@ pub enum ForgetGate {
     LowerBound(f32),
 }
 
-/// How the stored `A_log` maps onto heads and channels.
-///
-/// Sources disagree on K3's `A_log` (reference doc §1.6, marked uncertain):
-/// Moonshot's module declares `[heads]`; Kimi Linear stores `[1, 1, heads, 1]`;
-/// TokenSpeed reads K3's as a `[head_dim]`-sized buffer whose first `heads`
-/// entries are the per-head values (the rest zero); a third-party port reads
-/// a `[head_dim]` tensor as one decay per key channel shared by all heads.
-/// Set with `linear_attn_config.a_log_layout` (a Caracal key, default `auto`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum ALogLayout {
-    /// `heads` values: used as is. A `[head_dim]` buffer (≠ heads): the
-    /// first `heads` entries per head when the tail is all zero (TokenSpeed's
-    /// reading), else one value per channel ([`ALogLayout::PerChannel`]).
-    #[default]
-    Auto,
-    /// One value per head: `heads` values, or the first `heads` entries of a
-    /// longer buffer.
-    PerHead,
-    /// One value per key channel `d`, shared by all heads (`[head_dim]`).
-    PerChannel,
-}
+pub use crate::checkpoint::arch::ALogLayout;
 
 /// Everything that distinguishes one KDA variant from another at load time.
 #[derive(Debug, Clone, Copy)]
@@ -139,32 +118,32 @@ pub struct KdaAttention {
     pub linear_layer: usize,
 }
 
-impl KdaAttention {
-    /// Loads `{prefix}.*` with Kimi Linear's published names.
-    #[allow(clippy::too_many_arguments)]
-    pub fn load(
-        ckpt: &Checkpoint,
-        prefix: &str,
-        hidden: usize,
-        heads: usize,
-        head_dim: usize,
-        kernel: usize,
-        eps: f32,
-        linear_layer: usize,
-    ) -> Result<KdaAttention> {
-        let opts = KdaOptions {
-            hidden,
-            heads,
-            head_dim,
-            kernel,
-            eps,
-            full_rank_gate: false,
-            forget_gate: ForgetGate::Softplus,
-            a_log_layout: ALogLayout::PerHead,
-        };
-        KdaAttention::load_with(ckpt, prefix, &opts, linear_layer)
+impl KdaOptions {
+    /// The options `arch` describes (its KDA dims; `o_norm` eps is
+    /// `rms_norm_eps`).
+    pub fn from_arch(arch: &Arch) -> Result<KdaOptions> {
+        let k = arch.kda.as_ref().ok_or_else(|| {
+            Error::Config(format!(
+                "{} config has no KDA settings",
+                arch.model_type.name()
+            ))
+        })?;
+        Ok(KdaOptions {
+            hidden: arch.hidden_size,
+            heads: k.heads,
+            head_dim: k.head_dim,
+            kernel: k.conv_kernel,
+            eps: arch.rms_norm_eps,
+            full_rank_gate: k.full_rank_gate,
+            forget_gate: k
+                .gate_lower_bound
+                .map_or(ForgetGate::Softplus, ForgetGate::LowerBound),
+            a_log_layout: k.a_log_layout,
+        })
     }
+}
 
+impl KdaAttention {
     /// Loads `{prefix}.*` for any variant (Kimi Linear or K3).
     pub fn load_with(
         ckpt: &Checkpoint,

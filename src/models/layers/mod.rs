@@ -17,6 +17,7 @@ use caracal_kernels::activation;
 use caracal_kernels::norm;
 use caracal_kernels::Matrix;
 
+use crate::checkpoint::arch::Family;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::models::{LogitsMode, SeqBatch};
@@ -141,66 +142,9 @@ impl RmsNorm {
     }
 }
 
-/// The activation between gate and up projections.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum GluAct {
-    /// SwiGLU: silu(gate) · up.
-    Silu,
-    /// Kimi K3's SiTU-GLU (`hidden_act: "situ"`):
-    /// `[β·tanh(gate/β)·sigmoid(gate)] · [β_lin·tanh(up/β_lin)]`, the second
-    /// factor being plain `up` when `linear_beta` is `None` (Moonshot's
-    /// `SituAndMul`; reference doc §4.1).
-    Situ {
-        /// β (`activation_situ_beta`, K3: 4.0; 1.0 when the key is absent, as
-        /// in Moonshot's `_get_situ_activation_params`). Must be > 0.
-        beta: f32,
-        /// β_lin (`activation_situ_linear_beta`, K3: 25.0); `None` leaves `up`
-        /// unclipped. Must be > 0 when set.
-        linear_beta: Option<f32>,
-    },
-}
+pub use crate::checkpoint::arch::GluAct;
 
 impl GluAct {
-    /// Parses `hidden_act` with no SiTU settings (`situ` gets β = 1 and no
-    /// linear clip, the defaults of Moonshot's code).
-    pub fn from_name(name: &str) -> Result<GluAct> {
-        GluAct::from_config(name, None, None)
-    }
-
-    /// Parses `hidden_act` together with `activation_situ_beta` and
-    /// `activation_situ_linear_beta` (used only by `situ`).
-    pub fn from_config(
-        name: &str,
-        situ_beta: Option<f32>,
-        situ_linear_beta: Option<f32>,
-    ) -> Result<GluAct> {
-        match name {
-            "silu" | "swish" => Ok(GluAct::Silu),
-            "situ" => {
-                let beta = situ_beta.unwrap_or(1.0);
-                if !(beta > 0.0 && beta.is_finite()) {
-                    return Err(Error::Config(format!(
-                        "`activation_situ_beta` must be a positive number, got {beta}"
-                    )));
-                }
-                if let Some(lb) = situ_linear_beta {
-                    if !(lb > 0.0 && lb.is_finite()) {
-                        return Err(Error::Config(format!(
-                            "`activation_situ_linear_beta` must be a positive number, got {lb}"
-                        )));
-                    }
-                }
-                Ok(GluAct::Situ {
-                    beta,
-                    linear_beta: situ_linear_beta,
-                })
-            }
-            other => Err(Error::Config(format!(
-                "unsupported hidden_act `{other}` (supported: silu, situ)"
-            ))),
-        }
-    }
-
     /// `out = act(gate) · up`.
     pub fn apply(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
         match self {
@@ -252,6 +196,34 @@ impl Mlp {
             down_proj: ckpt.matrix(&format!("{prefix}.{}.weight", names[2]), hidden, inter)?,
             act,
         })
+    }
+
+    /// Loads the dense MLP of decoder layer `layer_prefix`
+    /// (`model.layers.0`): `{layer_prefix}.mlp.{gate,up,down}_proj`, or,
+    /// when only that spelling exists, the other module name the family's
+    /// checkpoints are saved with (see [`Family::dense_modules`]).
+    pub fn load_dense(
+        ckpt: &Checkpoint,
+        layer_prefix: &str,
+        family: Family,
+        hidden: usize,
+        inter: usize,
+        act: GluAct,
+    ) -> Result<Mlp> {
+        let modules = family.dense_modules();
+        let module = modules
+            .iter()
+            .map(|m| format!("{layer_prefix}.{m}"))
+            .find(|p| ckpt.has_matrix(&format!("{p}.gate_proj.weight")))
+            .unwrap_or_else(|| format!("{layer_prefix}.{}", modules[0]));
+        Mlp::load(
+            ckpt,
+            &module,
+            ["gate_proj", "up_proj", "down_proj"],
+            hidden,
+            inter,
+            act,
+        )
     }
 
     /// Runs the MLP on `x` `[n, hidden]`.

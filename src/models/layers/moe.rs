@@ -3,6 +3,14 @@
 //! experts weighted by their renormalised scores, plus shared experts that
 //! see every token.
 //!
+//! [`MoeBlock::load`] reads a block for every MoE architecture from the
+//! checkpoint's [`Arch`]: router (validated settings), correction bias,
+//! routed experts through [`super::experts`] (every stored layout), shared
+//! experts and K3's latent projections. [`Ffn`] is a layer's feed-forward
+//! part (dense MLP or MoE block) in every model file, and
+//! [`impl_moe_model!`] gives a model the [`caracal_actors::engine::MoeModel`]
+//! interface over its layers' [`Ffn`]s.
+//!
 //! Routed experts run locally by default; once an [`ExpertDispatch`] is set
 //! (expert shards, `--ep N`), the block sends its routed rows there. Both
 //! paths sum expert outputs in the router's order, so results do not depend
@@ -21,7 +29,11 @@ use caracal_actors::engine::{run_experts_local, ExpertDispatch, ExpertFfn};
 use caracal_kernels::moe::{route, RouterConfig};
 use caracal_kernels::Matrix;
 
+use super::experts::load_expert;
 use super::{add_inplace, Mlp, RmsNorm};
+use crate::checkpoint::arch::{Arch, MlpKind};
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
 
 impl ExpertFfn for Mlp {
     fn forward(&self, x: &[f32]) -> Vec<f32> {
@@ -84,6 +96,99 @@ impl MoeBlock {
         }
     }
 
+    /// Loads the MoE block of decoder layer `layer` (tensors under
+    /// `layer_prefix`, e.g. `model.layers.3`) as `arch` describes it.
+    ///
+    /// The block's module is the family's published one
+    /// (`block_sparse_moe` for the Kimi family, `mlp` otherwise), or the
+    /// other spelling transformers loads when only that one has a router
+    /// (`….mlp.gate.weight` in a Kimi checkpoint).
+    pub fn load(
+        ckpt: &Checkpoint,
+        layer_prefix: &str,
+        arch: &Arch,
+        layer: usize,
+    ) -> Result<MoeBlock> {
+        let m = arch.moe.as_ref().ok_or_else(|| {
+            Error::Config(format!(
+                "layer {layer} is MoE but the {} config has no experts",
+                arch.model_type.name()
+            ))
+        })?;
+        let (d, e, act) = (arch.hidden_size, m.experts, arch.act);
+        let modules = arch.family.moe_modules();
+        let module = modules
+            .iter()
+            .map(|name| format!("{layer_prefix}.{name}"))
+            .find(|p| ckpt.has_matrix(&format!("{p}.gate.weight")))
+            .unwrap_or_else(|| format!("{layer_prefix}.{}", modules[0]));
+        let width = m.latent.unwrap_or(d);
+        let experts = (0..e)
+            .map(|j| {
+                load_expert(
+                    ckpt,
+                    &module,
+                    j,
+                    arch.family.expert_names(),
+                    width,
+                    m.intermediate,
+                    act,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let shared = if m.shared > 0 {
+            Some(Mlp::load(
+                ckpt,
+                &format!("{module}.shared_experts"),
+                ["gate_proj", "up_proj", "down_proj"],
+                d,
+                m.intermediate * m.shared,
+                act,
+            )?)
+        } else {
+            None
+        };
+        let bias_name = format!("{module}.gate.e_score_correction_bias");
+        let bias = if ckpt.has(&bias_name) {
+            Some(ckpt.vector(&bias_name, e)?)
+        } else {
+            None
+        };
+        let block = MoeBlock::new(
+            ckpt.matrix(&format!("{module}.gate.weight"), e, d)?,
+            bias,
+            experts,
+            shared,
+            m.router.router_config(),
+            arch.moe_index(layer),
+        );
+        Ok(match m.latent {
+            Some(r) => block.with_latent(LatentProj {
+                routed_expert_down_proj: ckpt.matrix(
+                    &format!("{module}.routed_expert_down_proj.weight"),
+                    r,
+                    d,
+                )?,
+                routed_expert_norm: if m.latent_norm {
+                    Some(RmsNorm::load(
+                        ckpt,
+                        &format!("{module}.routed_expert_norm.weight"),
+                        r,
+                        arch.rms_norm_eps,
+                    )?)
+                } else {
+                    None
+                },
+                routed_expert_up_proj: ckpt.matrix(
+                    &format!("{module}.routed_expert_up_proj.weight"),
+                    d,
+                    r,
+                )?,
+            }),
+            None => block,
+        })
+    }
+
     /// Runs the routed experts in `latent`'s space (K3's latent MoE).
     pub fn with_latent(mut self, latent: LatentProj) -> MoeBlock {
         self.latent = Some(latent);
@@ -141,6 +246,87 @@ impl MoeBlock {
         out
     }
 }
+
+/// The feed-forward part of a decoder layer.
+pub enum Ffn {
+    /// One gated MLP.
+    Dense(Box<Mlp>),
+    /// Router, routed and shared experts.
+    Moe(Box<MoeBlock>),
+}
+
+impl Ffn {
+    /// Loads the feed-forward part of layer `layer` as `arch` says it is.
+    pub fn load(ckpt: &Checkpoint, layer_prefix: &str, arch: &Arch, layer: usize) -> Result<Ffn> {
+        Ok(match arch.layers[layer].mlp {
+            MlpKind::Dense => Ffn::Dense(Box::new(Mlp::load_dense(
+                ckpt,
+                layer_prefix,
+                arch.family,
+                arch.hidden_size,
+                arch.intermediate_size,
+                arch.act,
+            )?)),
+            MlpKind::Moe => Ffn::Moe(Box::new(MoeBlock::load(ckpt, layer_prefix, arch, layer)?)),
+        })
+    }
+
+    /// Runs the layer's MLP or MoE block on `x` `[n, hidden]`.
+    pub fn forward(&self, x: &[f32]) -> Vec<f32> {
+        match self {
+            Ffn::Dense(mlp) => mlp.forward(x),
+            Ffn::Moe(moe) => moe.forward(x),
+        }
+    }
+
+    /// The MoE block, if this is one.
+    pub fn moe(&self) -> Option<&MoeBlock> {
+        match self {
+            Ffn::Moe(m) => Some(m),
+            Ffn::Dense(_) => None,
+        }
+    }
+}
+
+/// Routed experts of every MoE block among `ffns`, in layer order.
+pub fn experts_of<'a>(ffns: impl Iterator<Item = &'a Ffn>) -> Vec<Vec<Arc<dyn ExpertFfn>>> {
+    ffns.filter_map(Ffn::moe)
+        .map(|m| m.experts.clone())
+        .collect()
+}
+
+/// Routes every MoE block among `ffns` through `dispatch`.
+pub fn set_dispatch_all<'a>(
+    ffns: impl Iterator<Item = &'a Ffn>,
+    dispatch: &Arc<dyn ExpertDispatch>,
+) {
+    for m in ffns.filter_map(Ffn::moe) {
+        m.set_dispatch(dispatch.clone());
+    }
+}
+
+/// Implements [`caracal_actors::engine::MoeModel`] for a model whose
+/// `layers` each hold an [`Ffn`] in field `$ffn`.
+macro_rules! impl_moe_model {
+    ($model:ty, $ffn:ident) => {
+        impl $crate::models::MoeModel for $model {
+            fn experts(&self) -> Vec<Vec<std::sync::Arc<dyn $crate::models::ExpertFfn>>> {
+                $crate::models::layers::moe::experts_of(self.layers.iter().map(|l| &l.$ffn))
+            }
+
+            fn set_expert_dispatch(
+                &self,
+                dispatch: std::sync::Arc<dyn $crate::models::ExpertDispatch>,
+            ) {
+                $crate::models::layers::moe::set_dispatch_all(
+                    self.layers.iter().map(|l| &l.$ffn),
+                    &dispatch,
+                );
+            }
+        }
+    };
+}
+pub(crate) use impl_moe_model;
 
 #[cfg(test)]
 mod tests {
