@@ -178,10 +178,13 @@ impl ConstraintFactory {
         lark: &str,
     ) -> Result<GrammarConstraint, CompileError> {
         let grammar = TopLevelGrammar::from_lark(lark.to_string());
-        let parser = self
-            .parsers
-            .create_parser(grammar)
-            .map_err(|e| CompileError::from_engine(context, e.to_string()))?;
+        // A grammar the engine cannot handle must fail the request, not the
+        // server: panics while building it become errors.
+        let parsers = &self.parsers;
+        let parser = llguidance::panic_utils::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            parsers.create_parser(grammar)
+        }))
+        .map_err(|e| CompileError::from_engine(context, e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(CompileError::from_engine(context, e));

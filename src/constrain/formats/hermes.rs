@@ -70,7 +70,7 @@ pub fn grammar(
     for (i, tool) in tools.iter().enumerate() {
         let head = format!(
             "{{\"name\":{},\"arguments\":",
-            serde_json::to_string(&tool.name).expect("str")
+            serde_json::to_string(&tool.name).expect("a str always serialises")
         );
         g.push_str(&format!("t{i}: {} args_{i} {}\n", lit(&head), lit("}")));
         g.push_str(&format!(
