@@ -17,6 +17,9 @@
 //!   detokenizer.
 //! - [`chat`]: Jinja chat templates and each model's tool-call format
 //!   ([`chat::toolcall`]).
+//! - [`constrain`]: constrained decoding (llguidance grammars for JSON
+//!   schemas and each model's tool-call format) behind a tokenizer-free
+//!   `Constraint` trait.
 //! - [`request`]: validation of generation settings at the edge into a
 //!   [`caracal_actors::messages::ValidRequest`].
 //! - [`generate`]: prefill + decode of one sequence with timing.
@@ -32,6 +35,7 @@
 
 pub mod chat;
 pub mod checkpoint;
+pub mod constrain;
 pub mod convert;
 pub mod error;
 pub mod eval;

@@ -1,0 +1,526 @@
+//! Constrained tool calls under random schemas, on the real vocabularies.
+//!
+//! Each case draws tools with random `parameters` schemas (nested objects
+//! to depth 3, arrays with item bounds, enums, integer and number ranges,
+//! strings with `maxLength` and `pattern`, required and optional keys,
+//! `anyOf`), then produces one assistant output by sampling uniformly
+//! (seeded) from the constraint's mask — a stand-in for the model's choice
+//! that exercises every path the grammar allows. The output is decoded,
+//! parsed with the format's own parser, and every call is checked against
+//! its tool's schema with an independent validator (`jsonschema`). The same
+//! number of tokens sampled without the mask is parsed as a baseline.
+//!
+//! Vocabularies: Kimi tiktoken (the synthesized default model's tokenizer;
+//! the K2 run registers K2's specials over the same ranks), the tiny-llama
+//! fixture's `tokenizer.json`, and SmolLM2's when its GGUF is cached.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use caracal::chat::toolcall::{K2StreamParser, K3StreamParser, ParseEvent};
+use caracal::constrain::formats::hermes;
+use caracal::constrain::{
+    Constraint, ConstraintFactory, ConstraintSpec, TokenEnv, ToolChoice, ToolDecl, ToolFormat,
+    ToolsSpec,
+};
+use caracal::convert::synth::{
+    synthesize, truncated_o200k_rank_file, SynthOptions, DEFAULT_SEED, KIMI_NUM_RANKS,
+};
+use caracal::text::tokenizer::TextTokenizer;
+
+/// Tool calls each vocabulary's run must produce.
+const CALLS_PER_RUN: usize = 350;
+/// Tokens one output may take before the case counts as not terminating.
+const MAX_TOKENS: usize = 6_000;
+/// Past this many tokens an output draws from the allowed closers (special
+/// tokens and tokens without letters or digits) when there are any, so that
+/// values uniform sampling would make very long (a number's digits before
+/// K3's `<|close|>`, one closer among a thousand digit tokens) end.
+const SOFT_BUDGET: usize = 300;
+
+/// SplitMix64: a small seeded generator, so every run draws the same cases.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + (self.next() % (hi - lo + 1) as u64) as i64
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
+const PATTERNS: [(&str, u64); 6] = [
+    ("^[a-z]{1,8}$", 8),
+    ("^[A-Z][a-z0-9]{0,6}$", 7),
+    ("^[0-9]{3}-[0-9]{2}$", 6),
+    ("^(red|green|blue)$", 5),
+    ("^[a-z_]+$", 10),
+    ("^v[0-9]+\\.[0-9]+$", 9),
+];
+
+const WORDS: [&str; 12] = [
+    "city", "query", "limit", "mode", "tags", "owner", "filter", "range", "label", "when", "score",
+    "items",
+];
+
+/// A random schema for a value at object depth `depth` (1 = inside the arguments).
+fn value_schema(rng: &mut Rng, depth: usize) -> Value {
+    let pick = rng.below(if depth < 3 { 10 } else { 8 });
+    match pick {
+        0 | 1 => {
+            let mut s = json!({"type": "string", "maxLength": rng.range(1, 16)});
+            if rng.chance(0.4) {
+                let (p, max) = PATTERNS[rng.below(PATTERNS.len())];
+                s = json!({"type": "string", "pattern": p, "maxLength": max});
+            } else if rng.chance(0.3) {
+                s["minLength"] = json!(1);
+            }
+            s
+        }
+        2 => {
+            let lo = rng.range(-1000, 1000);
+            let mut s =
+                json!({"type": "integer", "minimum": lo, "maximum": lo + rng.range(0, 5000)});
+            if rng.chance(0.3) {
+                s = json!({"type": "integer", "exclusiveMinimum": lo, "exclusiveMaximum": lo + rng.range(2, 50)});
+            }
+            s
+        }
+        3 => {
+            let lo = rng.range(-100, 100) as f64 / 4.0;
+            json!({"type": "number", "minimum": lo, "maximum": lo + rng.range(1, 400) as f64 / 8.0})
+        }
+        4 => json!({"type": "boolean"}),
+        5 => {
+            let mut values: Vec<Value> = (0..rng.range(1, 4))
+                .map(|i| json!(format!("{}_{i}", WORDS[rng.below(WORDS.len())])))
+                .collect();
+            if rng.chance(0.3) {
+                values.push(json!(rng.range(0, 9)));
+            }
+            json!({"enum": values})
+        }
+        6 => json!({"anyOf": [value_schema(rng, 3), value_schema(rng, 3), {"type": "null"}]}),
+        7 => {
+            let min = rng.range(0, 2);
+            json!({"type": "array", "items": value_schema(rng, 3), "minItems": min, "maxItems": min + rng.range(0, 3)})
+        }
+        8 => {
+            let min = rng.range(0, 1);
+            json!({"type": "array", "items": object_schema(rng, depth + 1), "minItems": min, "maxItems": min + rng.range(0, 2)})
+        }
+        _ => object_schema(rng, depth + 1),
+    }
+}
+
+/// A random object schema at `depth` (nesting stops at 3).
+fn object_schema(rng: &mut Rng, depth: usize) -> Value {
+    let n = rng.range(1, if depth == 1 { 5 } else { 3 }) as usize;
+    let mut props = Map::new();
+    let mut required = Vec::new();
+    for i in 0..n {
+        let key = format!("{}{i}", WORDS[rng.below(WORDS.len())]);
+        if rng.chance(0.6) {
+            required.push(json!(key));
+        }
+        props.insert(key, value_schema(rng, depth));
+    }
+    json!({"type": "object", "properties": props, "required": required, "additionalProperties": false})
+}
+
+const NAMES: [&str; 8] = [
+    "get_weather",
+    "search_docs",
+    "create_ticket",
+    "send_mail",
+    "list_files",
+    "book_table",
+    "convert_units",
+    "lookup_user",
+];
+
+/// One case: the tools, the choice, parallelism.
+fn draw_spec(rng: &mut Rng, format: ToolFormat) -> ToolsSpec {
+    let tools: Vec<ToolDecl> = (0..rng.range(1, 3))
+        .map(|i| ToolDecl {
+            name: format!("{}_{i}", NAMES[rng.below(NAMES.len())]),
+            parameters: object_schema(rng, 1),
+        })
+        .collect();
+    let choice = match rng.below(10) {
+        0..=5 => ToolChoice::Required,
+        6 | 7 => ToolChoice::Named(tools[rng.below(tools.len())].name.clone()),
+        _ => ToolChoice::Auto,
+    };
+    ToolsSpec {
+        tools,
+        choice,
+        parallel: rng.chance(0.5),
+        format,
+    }
+}
+
+/// A vocabulary and how its format's output is read back.
+struct Run {
+    name: &'static str,
+    tok: Arc<TextTokenizer>,
+    factory: ConstraintFactory,
+    format: ToolFormat,
+    /// Text that makes an `auto` case open its calls (the model's choice to call).
+    trigger: String,
+}
+
+impl Run {
+    fn new(name: &'static str, dir: &Path, format: ToolFormat, trigger: &str) -> Run {
+        let tok = Arc::new(TextTokenizer::from_dir(dir).expect("tokenizer loads"));
+        let env = TokenEnv::load(dir, tok.clone(), None).expect("token env");
+        Run {
+            name,
+            tok,
+            factory: ConstraintFactory::new(env).expect("factory"),
+            format,
+            trigger: trigger.to_string(),
+        }
+    }
+
+    /// Parses an output; the calls as (name, arguments), or what was malformed.
+    fn parse(&self, text: &str) -> Result<Vec<(String, Value)>, String> {
+        let events = match self.format {
+            ToolFormat::KimiK2 { .. } => {
+                let mut p = K2StreamParser::new();
+                let mut e = p.push(text);
+                e.extend(p.finish());
+                e
+            }
+            ToolFormat::KimiK3 { thinking } => {
+                let mut p = K3StreamParser::new(thinking);
+                let mut e = p.push(text);
+                e.extend(p.finish());
+                e
+            }
+            ToolFormat::Hermes => {
+                let out = hermes::parse(text);
+                if !out.errors.is_empty() {
+                    return Err(out.errors.join("; "));
+                }
+                return Ok(out
+                    .calls
+                    .into_iter()
+                    .map(|c| (c.name, c.arguments))
+                    .collect());
+            }
+        };
+        let mut calls: Vec<(String, String)> = Vec::new();
+        for e in events {
+            match e {
+                ParseEvent::Malformed { message, .. } => return Err(message),
+                ParseEvent::ToolCallStart { name, .. } => calls.push((name, String::new())),
+                ParseEvent::ToolCallArgs { delta, .. } => match calls.last_mut() {
+                    Some(c) => c.1.push_str(&delta),
+                    None => return Err("arguments outside a call".into()),
+                },
+                _ => {}
+            }
+        }
+        calls
+            .into_iter()
+            .map(|(n, a)| match serde_json::from_str(&a) {
+                Ok(v) => Ok((n, v)),
+                Err(e) => Err(format!("arguments {a:?}: {e}")),
+            })
+            .collect()
+    }
+}
+
+/// Whether `calls` are well-formed calls of `spec` (names, count, schemas).
+fn check_calls(spec: &ToolsSpec, calls: &[(String, Value)]) -> Result<(), String> {
+    if calls.is_empty() {
+        return Err("no call".into());
+    }
+    if !spec.parallel && calls.len() > 1 {
+        return Err(format!("{} calls without parallel_tool_calls", calls.len()));
+    }
+    for (name, args) in calls {
+        let tool = spec
+            .callable()
+            .into_iter()
+            .find(|t| &t.name == name)
+            .ok_or_else(|| format!("undeclared tool {name}"))?;
+        let validator = jsonschema::validator_for(&tool.parameters).map_err(|e| e.to_string())?;
+        let first_error = validator.iter_errors(args).next().map(|e| e.to_string());
+        if let Some(e) = first_error {
+            return Err(format!("{name}({args}) breaks its schema: {e}"));
+        }
+    }
+    Ok(())
+}
+
+/// Samples one output under the constraint; returns its tokens.
+fn sample(run: &Run, spec: &ToolsSpec, rng: &mut Rng) -> Result<Vec<u32>, String> {
+    let mut c = run
+        .factory
+        .compile(&ConstraintSpec::Tools(spec.clone()))
+        .map_err(|e| format!("compile: {e}"))?;
+    let eos = run.factory.env().eos().to_vec();
+    let jump_forward = rng.chance(0.5);
+    // An auto case writes some free text, then opens its calls: the
+    // trigger's text is steered token by token.
+    let mut steer: Vec<u8> = if spec.choice == ToolChoice::Auto {
+        run.trigger.as_bytes().to_vec()
+    } else {
+        Vec::new()
+    };
+    let env = run.factory.env();
+    let free_tokens = rng.below(6);
+    let mut out = Vec::new();
+    let trigger = steer.clone();
+    // A token that does not continue the trigger restarts it.
+    let push = |t: u32, steer: &mut Vec<u8>, out: &mut Vec<u32>| {
+        let bytes = env.decode(&[t]);
+        if !steer.is_empty() {
+            if steer.starts_with(&bytes) {
+                steer.drain(..bytes.len());
+            } else {
+                *steer = trigger.clone();
+            }
+        }
+        out.push(t);
+    };
+    while !c.is_done() {
+        if out.len() > MAX_TOKENS {
+            let text = String::from_utf8_lossy(&env.decode(&out[out.len() - 300..])).into_owned();
+            return Err(format!(
+                "no end after {MAX_TOKENS} tokens; last ones: {text}"
+            ));
+        }
+        if jump_forward {
+            for t in c.forced_tokens().map_err(|e| e.to_string())? {
+                c.consume(t).map_err(|e| e.to_string())?;
+                push(t, &mut steer, &mut out);
+            }
+            if c.is_done() {
+                break;
+            }
+        }
+        let mask = c.compute_mask().map_err(|e| e.to_string())?;
+        let steering = !steer.is_empty() && out.len() >= free_tokens;
+        let toward: Vec<u32> = if steering {
+            mask.allowed()
+                .filter(|&t| {
+                    let b = env.decode(&[t]);
+                    !b.is_empty() && steer.starts_with(&b)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let t = if let Some(&t) = toward.iter().max_by_key(|&&t| env.decode(&[t]).len()) {
+            t
+        } else {
+            let allowed: Vec<u32> = mask
+                .allowed()
+                .filter(|t| steer.is_empty() || !eos.contains(t))
+                .collect();
+            if allowed.is_empty() {
+                return Err("empty mask".into());
+            }
+            let closers: Vec<u32> = if out.len() > SOFT_BUDGET {
+                allowed
+                    .iter()
+                    .copied()
+                    .filter(|&t| {
+                        env.trie().is_special_token(t)
+                            || env.decode(&[t]).iter().all(|b| !b.is_ascii_alphanumeric())
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let pool = if closers.is_empty() {
+                &allowed
+            } else {
+                &closers
+            };
+            pool[rng.below(pool.len())]
+        };
+        c.consume(t).map_err(|e| e.to_string())?;
+        if eos.contains(&t) {
+            break;
+        }
+        push(t, &mut steer, &mut out);
+    }
+    Ok(out)
+}
+
+/// Counts of one run.
+#[derive(Debug, Default)]
+struct Tally {
+    cases: usize,
+    calls: usize,
+    tokens: usize,
+    unconstrained_parsed: usize,
+    /// Outputs with K3 `argument` elements (not the `json` fallback).
+    argument_elements: usize,
+}
+
+fn stress(run: &Run, seed: u64) -> Tally {
+    let mut rng = Rng(seed);
+    let mut tally = Tally::default();
+    let vocab = run.factory.env().vocab_size();
+    while tally.calls < CALLS_PER_RUN {
+        let spec = draw_spec(&mut rng, run.format);
+        let tokens = sample(run, &spec, &mut rng)
+            .unwrap_or_else(|e| panic!("{} case {}: {e}\n{spec:#?}", run.name, tally.cases));
+        let text = run.tok.decode(&tokens, false).expect("decodes");
+        let calls = run
+            .parse(&text)
+            .and_then(|c| check_calls(&spec, &c).map(|_| c))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{} case {}: {e}\noutput: {text}\n{spec:#?}",
+                    run.name, tally.cases
+                )
+            });
+        if tally.cases < 2 {
+            println!("{} sample output: {text}", run.name);
+        }
+        tally.argument_elements += usize::from(text.contains("<|open|>argument"));
+        tally.cases += 1;
+        tally.calls += calls.len();
+        tally.tokens += tokens.len();
+        // The same length without the mask.
+        let free: Vec<u32> = (0..tokens.len()).map(|_| rng.below(vocab) as u32).collect();
+        let free_text = run.tok.decode(&free, false).unwrap_or_default();
+        let parsed = run.parse(&free_text).and_then(|c| check_calls(&spec, &c));
+        tally.unconstrained_parsed += usize::from(parsed.is_ok());
+    }
+    println!(
+        "{}: {} tool calls in {} outputs ({} tokens) parsed and matched their schemas; \
+         unconstrained outputs of the same lengths that parsed to valid calls: {} of {}",
+        run.name, tally.calls, tally.cases, tally.tokens, tally.unconstrained_parsed, tally.cases
+    );
+    assert!(tally.calls >= CALLS_PER_RUN);
+    tally
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("constrain-{tag}"));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).expect("stale temp dir is removable");
+    }
+    dir
+}
+
+#[test]
+fn k3_calls_on_the_synthesized_kimi_tokenizer_always_parse_and_validate() {
+    let dir = temp_dir("synth");
+    synthesize(
+        &dir,
+        &SynthOptions {
+            seed: DEFAULT_SEED,
+            progress: false,
+            ..SynthOptions::default()
+        },
+    )
+    .expect("synth succeeds");
+    let run = Run::new(
+        "Kimi K3 XTML (synth tiktoken, 163,842 ids)",
+        &dir,
+        ToolFormat::KimiK3 { thinking: false },
+        "<|close|>response<|sep|><|open|>tools<|sep|>",
+    );
+    let t = stress(&run, 3);
+    assert_eq!(t.unconstrained_parsed, 0);
+    assert!(
+        t.argument_elements * 2 > t.cases,
+        "most calls use argument elements: {t:?}"
+    );
+}
+
+#[test]
+fn k2_calls_on_kimi_ranks_always_parse_and_validate() {
+    let dir = temp_dir("k2");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(
+        dir.join("tiktoken.model"),
+        truncated_o200k_rank_file(KIMI_NUM_RANKS).expect("ranks"),
+    )
+    .expect("write ranks");
+    let names = [
+        (163_584, "[BOS]"),
+        (163_585, "[EOS]"),
+        (163_586, "<|im_end|>"),
+        (163_595, "<|tool_calls_section_begin|>"),
+        (163_596, "<|tool_calls_section_end|>"),
+        (163_597, "<|tool_call_begin|>"),
+        (163_598, "<|tool_call_argument_begin|>"),
+        (163_599, "<|tool_call_end|>"),
+    ];
+    let added: Map<String, Value> = names
+        .iter()
+        .map(|(id, n)| (id.to_string(), json!({"content": n, "special": true})))
+        .collect();
+    let config = json!({"added_tokens_decoder": added, "eos_token": "<|im_end|>"});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("write config");
+    let run = Run::new(
+        "Kimi K2 (Kimi tiktoken ranks)",
+        &dir,
+        ToolFormat::KimiK2 {
+            first_call_index: 0,
+            thinking: false,
+        },
+        "<|tool_calls_section_begin|>",
+    );
+    let t = stress(&run, 2);
+    assert_eq!(t.unconstrained_parsed, 0);
+}
+
+#[test]
+fn hermes_calls_on_tokenizer_json_vocabularies_always_parse_and_validate() {
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
+    let run = Run::new(
+        "Hermes (tiny-llama tokenizer.json, 512 ids)",
+        &tiny,
+        ToolFormat::Hermes,
+        "<tool_call>",
+    );
+    let t = stress(&run, 1);
+    assert_eq!(t.unconstrained_parsed, 0);
+    let gguf =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !gguf.exists() {
+        eprintln!(
+            "SKIPPED SmolLM2: needs {} (run tools/fetch-models.sh)",
+            gguf.display()
+        );
+        return;
+    }
+    let dir = temp_dir("smollm2");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = caracal::convert::gguf::GgufFile::open(&gguf).expect("gguf opens");
+    let files = caracal::convert::gguf::tokenizer::build_hf_tokenizer(&file, None)
+        .expect("tokenizer imports");
+    std::fs::write(dir.join("tokenizer.json"), files.tokenizer_json).expect("write");
+    std::fs::write(dir.join("tokenizer_config.json"), files.tokenizer_config).expect("write");
+    let run = Run::new(
+        "Hermes (SmolLM2 tokenizer.json, 49,152 ids)",
+        &dir,
+        ToolFormat::Hermes,
+        "<tool_call>",
+    );
+    let t = stress(&run, 4);
+    assert_eq!(t.unconstrained_parsed, 0);
+}
