@@ -90,9 +90,9 @@ fn benches(c: &mut Criterion) {
         Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
     if gguf.exists() {
         let dir = temp("smollm2");
-        let file = caracal::convert::gguf::GgufFile::open(&gguf).expect("gguf");
-        let files =
-            caracal::convert::gguf::tokenizer::build_hf_tokenizer(&file, None).expect("tokenizer");
+        let file = caracal::checkpoint::gguf::GgufFile::open(&gguf).expect("gguf");
+        let files = caracal::checkpoint::gguf::tokenizer::build_hf_tokenizer(&file, None)
+            .expect("tokenizer");
         std::fs::write(dir.join("tokenizer.json"), files.tokenizer_json).expect("write");
         std::fs::write(dir.join("tokenizer_config.json"), files.tokenizer_config).expect("write");
         let (tok, f) = load(&dir);

@@ -510,8 +510,8 @@ fn hermes_calls_on_tokenizer_json_vocabularies_always_parse_and_validate() {
     }
     let dir = temp_dir("smollm2");
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let file = caracal::convert::gguf::GgufFile::open(&gguf).expect("gguf opens");
-    let files = caracal::convert::gguf::tokenizer::build_hf_tokenizer(&file, None)
+    let file = caracal::checkpoint::gguf::GgufFile::open(&gguf).expect("gguf opens");
+    let files = caracal::checkpoint::gguf::tokenizer::build_hf_tokenizer(&file, None)
         .expect("tokenizer imports");
     std::fs::write(dir.join("tokenizer.json"), files.tokenizer_json).expect("write");
     std::fs::write(dir.join("tokenizer_config.json"), files.tokenizer_config).expect("write");
