@@ -13,6 +13,7 @@
 //! - [`chat`]: Jinja chat templates.
 //! - [`generate`]: prefill + decode of one sequence with timing.
 //! - [`gguf`]: GGUF reading, dequantisation and import to a checkpoint folder.
+//! - [`gateway`]: the OpenAI-compatible HTTP and WebSocket server (`caracal serve`).
 //!
 //! The `caracal` binary (`src/main.rs`, `src/cli/`) drives these modules.
 
@@ -23,6 +24,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod export;
+pub mod gateway;
 pub mod generate;
 pub mod gguf;
 pub mod models;

@@ -218,8 +218,7 @@ fn read_prefix(s: &str) -> Prefix {
         if j >= b.len() {
             return Err(Prefix::Incomplete);
         }
-        let name: String =
-            serde_json::from_str(&s[i - 1..=j]).map_err(|_| Prefix::Other)?;
+        let name: String = serde_json::from_str(&s[i - 1..=j]).map_err(|_| Prefix::Other)?;
         let k = expect(b, j + 1, b",")?;
         let k = expect(b, k, b"\"arguments\"")?;
         let k = expect(b, k, b":")?;
@@ -528,7 +527,10 @@ mod tests {
         assert!(ev
             .iter()
             .any(|e| matches!(e, ParseEvent::Malformed { index: Some(0), .. })));
-        assert!(matches!(ev.last(), Some(ParseEvent::ToolCallEnd { index: 0 })));
+        assert!(matches!(
+            ev.last(),
+            Some(ParseEvent::ToolCallEnd { index: 0 })
+        ));
     }
 
     #[test]
@@ -545,7 +547,11 @@ mod tests {
         let tools = vec![serde_json::json!({"type":"function","function":{"name":"get_weather"}})];
         let out = hermes_messages(&msgs, Some(&tools));
         assert_eq!(out[0].role, "system");
-        assert!(out[0].content.contains("<tools>\n{\"function\""), "{}", out[0].content);
+        assert!(
+            out[0].content.contains("<tools>\n{\"function\""),
+            "{}",
+            out[0].content
+        );
         assert_eq!(
             out[2].content,
             "<think>hmm</think>Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Zürich\"}}\n</tool_call>"
