@@ -118,38 +118,39 @@ pub fn parse_tools(f: &Fields<'_>) -> ApiResult<Vec<Value>> {
 /// Reads `tool_choice` (`none`, `auto`, `required`, or a named function),
 /// checking a named function against the declared tools.
 pub fn parse_tool_choice(f: &Fields<'_>, tools: &[Value]) -> ApiResult<ToolChoiceSpec> {
-    let choice =
-        match f.raw("tool_choice") {
-            None => ToolChoiceSpec::Auto,
-            Some(Value::String(s)) => match s.as_str() {
-                "auto" => ToolChoiceSpec::Auto,
-                "none" => ToolChoiceSpec::None,
-                "required" => ToolChoiceSpec::Required,
-                other => return Err(ApiError::invalid(
+    let choice = match f.raw("tool_choice") {
+        None => ToolChoiceSpec::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoiceSpec::Auto,
+            "none" => ToolChoiceSpec::None,
+            "required" => ToolChoiceSpec::Required,
+            other => {
+                return Err(ApiError::invalid(
                     "invalid_value",
                     Some("tool_choice"),
                     format!(
                         "`tool_choice` must be none, auto, required or a function, got `{other}`"
                     ),
-                )),
-            },
-            Some(Value::Object(o)) => {
-                let name = o
-                    .get("function")
-                    .and_then(|f| f.get("name"))
-                    .or_else(|| o.get("name"))
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| ApiError::missing("tool_choice.function.name"))?;
-                ToolChoiceSpec::Function(name.to_string())
-            }
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    "invalid_type",
-                    Some("tool_choice"),
-                    "`tool_choice`: expected a string or an object",
                 ))
             }
-        };
+        },
+        Some(Value::Object(o)) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .or_else(|| o.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::missing("tool_choice.function.name"))?;
+            ToolChoiceSpec::Function(name.to_string())
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "invalid_type",
+                Some("tool_choice"),
+                "`tool_choice`: expected a string or an object",
+            ))
+        }
+    };
     if let ToolChoiceSpec::Function(name) = &choice {
         if !tools
             .iter()

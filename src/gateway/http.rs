@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 
 use super::error::{ApiError, ApiResult};
 use super::fields::parse_body;
-use super::{chat, completions, AppState};
+use super::{chat, completions, responses, AppState};
 
 /// Frames buffered per SSE response before its producer waits.
 pub const SSE_BUFFER: usize = 16;
@@ -31,7 +31,16 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(model_by_id))
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
-        //ROUTES-LATER
+        .route(
+            "/v1/responses",
+            post(responses::http::create).get(responses_get),
+        )
+        .route(
+            "/v1/responses/{id}",
+            get(responses::http::retrieve).delete(responses::http::delete),
+        )
+        .route("/v1/responses/{id}/cancel", post(responses::http::cancel))
+        //REALTIME-LATER
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .with_state(state)
@@ -225,6 +234,20 @@ pub fn wants_upgrade(headers: &HeaderMap) -> bool {
         .get(header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+/// `GET /v1/responses` without an upgrade.
+async fn responses_get() -> Response {
+    ApiError {
+        status: 426,
+        kind: "invalid_request_error",
+        code: "upgrade_required",
+        param: None,
+        message:
+            "GET /v1/responses is the WebSocket mode: send an Upgrade request, or POST to create"
+                .into(),
+    }
+    .into_response()
 }
 
 #[cfg(test)]

@@ -255,3 +255,10 @@ pub async fn sse(addr: SocketAddr, path: &str, body: &Value) -> Vec<Value> {
     assert!(done, "stream ends with [DONE]");
     events
 }
+
+/// Starts a gateway over the built-in default model (the synthesized tiny
+/// Kimi K3: K3 chat format, 1M-token context).
+pub async fn start_default(config: GatewayConfig) -> TestServer {
+    let dir = caracal::synth::default_model_dir().expect("the default model is made");
+    start(&dir, config, EngineConfig::default()).await
+}

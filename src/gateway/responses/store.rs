@@ -114,16 +114,25 @@ impl ResponseStore {
     }
 }
 
+/// The switches of one response that is generating.
+#[derive(Debug)]
+struct Inflight {
+    /// Set to true to cancel.
+    cancel: watch::Sender<bool>,
+    /// The final response object, once there is one.
+    done: watch::Sender<Option<Value>>,
+}
+
 /// Responses generating now, by id.
 #[derive(Debug, Default)]
 pub struct InflightResponses {
-    /// Cancel switches.
-    map: Mutex<HashMap<String, watch::Sender<bool>>>,
+    /// By response id.
+    map: Mutex<HashMap<String, Inflight>>,
 }
 
 /// Removes its response from the registry when dropped.
 pub struct InflightGuard {
-    /// The registry (shared state outlives every request).
+    /// The registry's owner (shared state outlives every request).
     owner: Arc<crate::gateway::AppState>,
     /// The id.
     id: String,
@@ -136,7 +145,7 @@ impl Drop for InflightGuard {
 }
 
 impl InflightResponses {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Sender<bool>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Inflight>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -145,8 +154,12 @@ impl InflightResponses {
         state: &Arc<crate::gateway::AppState>,
         id: &str,
     ) -> (watch::Receiver<bool>, InflightGuard) {
-        let (tx, rx) = watch::channel(false);
-        state.inflight.lock().insert(id.to_string(), tx);
+        let (cancel, rx) = watch::channel(false);
+        let (done, _) = watch::channel(None);
+        state
+            .inflight
+            .lock()
+            .insert(id.to_string(), Inflight { cancel, done });
         (
             rx,
             InflightGuard {
@@ -156,14 +169,18 @@ impl InflightResponses {
         )
     }
 
-    /// Cancels `id` if it is generating; whether it was.
-    pub fn cancel(&self, id: &str) -> bool {
-        match self.lock().get(id) {
-            Some(tx) => {
-                let _ = tx.send(true);
-                true
-            }
-            None => false,
+    /// Cancels `id` if it is generating; a receiver of its final object.
+    pub fn cancel(&self, id: &str) -> Option<watch::Receiver<Option<Value>>> {
+        let g = self.lock();
+        let entry = g.get(id)?;
+        let _ = entry.cancel.send(true);
+        Some(entry.done.subscribe())
+    }
+
+    /// Publishes the final object of `id`.
+    pub fn finish(&self, id: &str, response: Value) {
+        if let Some(entry) = self.lock().get(id) {
+            let _ = entry.done.send(Some(response));
         }
     }
 }
