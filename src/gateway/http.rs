@@ -33,7 +33,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions::handle))
         .route(
             "/v1/responses",
-            post(responses::http::create).get(responses_get),
+            post(responses::http::create).get(responses_get_or_upgrade),
         )
         .route(
             "/v1/responses/{id}",
@@ -236,8 +236,11 @@ pub fn wants_upgrade(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
 }
 
-/// `GET /v1/responses` without an upgrade.
-async fn responses_get() -> Response {
+/// `GET /v1/responses`: the WebSocket mode with an upgrade, else 426.
+async fn responses_get_or_upgrade(state: State<Arc<AppState>>, req: Request) -> Response {
+    if wants_upgrade(req.headers()) {
+        return responses::ws::upgrade(state, req).await;
+    }
     ApiError {
         status: 426,
         kind: "invalid_request_error",

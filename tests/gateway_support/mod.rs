@@ -101,22 +101,26 @@ impl TestServer {
             .expect("serve task does not panic")
     }
 
-    /// Polls the engine until no sequence runs and no cache page is locked.
+    /// Polls the engine until no sequence runs, every page is free or in
+    /// the cache, and no cached page is locked — except by a session pin
+    /// (WebSocket sessions pin their path until the pin's TTL).
     pub async fn wait_engine_idle(&self) -> (u64, usize, usize) {
+        let mut last = String::new();
         for _ in 0..600 {
             let snap = self.state.engine.snapshot().await;
+            last = format!("{:?} {:?}", snap.scheduler, snap.memory);
             let (s, m) = (snap.scheduler.unwrap(), snap.memory.unwrap());
             let locked = m.cached_pages - m.evictable_pages;
             if s.running == 0
                 && s.waiting == 0
-                && locked == 0
+                && (locked == 0 || m.pinned_sessions > 0)
                 && m.free_pages + m.cached_pages == m.total_pages
             {
                 return (s.cancelled, m.free_pages, m.total_pages);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        panic!("engine never became idle (a page or a lock leaked)");
+        panic!("engine never became idle (a page or a lock leaked): {last}");
     }
 }
 
@@ -261,4 +265,74 @@ pub async fn sse(addr: SocketAddr, path: &str, body: &Value) -> Vec<Value> {
 pub async fn start_default(config: GatewayConfig) -> TestServer {
     let dir = caracal::synth::default_model_dir().expect("the default model is made");
     start(&dir, config, EngineConfig::default()).await
+}
+
+/// A WebSocket client of the gateway.
+pub struct WsClient {
+    /// The socket.
+    pub ws: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>,
+}
+
+impl WsClient {
+    /// Connects to `path` (e.g. `/v1/responses`).
+    pub async fn connect(addr: SocketAddr, path: &str) -> WsClient {
+        let (ws, resp) = tokio_tungstenite::connect_async(format!("ws://{addr}{path}"))
+            .await
+            .expect("WebSocket upgrade succeeds");
+        assert_eq!(resp.status(), 101);
+        WsClient { ws }
+    }
+
+    /// Sends one JSON event.
+    pub async fn send(&mut self, v: &Value) {
+        use futures::SinkExt;
+        self.ws
+            .send(tokio_tungstenite::tungstenite::Message::text(v.to_string()))
+            .await
+            .expect("send");
+    }
+
+    /// Sends raw text.
+    pub async fn send_text(&mut self, t: &str) {
+        use futures::SinkExt;
+        self.ws
+            .send(tokio_tungstenite::tungstenite::Message::text(t.to_string()))
+            .await
+            .expect("send");
+    }
+
+    /// The next JSON event; `Err` carries the close frame (code) or `None` at the end.
+    pub async fn next(&mut self) -> Result<Value, Option<u16>> {
+        use futures::StreamExt;
+        use tokio_tungstenite::tungstenite::Message;
+        loop {
+            let msg = tokio::time::timeout(Duration::from_secs(120), self.ws.next())
+                .await
+                .expect("the server answers");
+            match msg {
+                Some(Ok(Message::Text(t))) => {
+                    return Ok(serde_json::from_str(t.as_str()).expect("JSON event"))
+                }
+                Some(Ok(Message::Close(frame))) => return Err(frame.map(|f| u16::from(f.code))),
+                Some(Ok(_)) => continue,
+                Some(Err(_)) | None => return Err(None),
+            }
+        }
+    }
+
+    /// Events until a terminal response event (or an error event), inclusive.
+    pub async fn until_done(&mut self) -> Vec<Value> {
+        let mut out = Vec::new();
+        loop {
+            let ev = self.next().await.expect("an event");
+            let t = ev["type"].as_str().unwrap_or("").to_string();
+            out.push(ev);
+            if matches!(
+                t.as_str(),
+                "response.completed" | "response.incomplete" | "response.failed" | "error"
+            ) {
+                return out;
+            }
+        }
+    }
 }

@@ -9,3 +9,4 @@ pub mod http;
 pub mod store;
 pub mod turn;
 pub mod types;
+pub mod ws;

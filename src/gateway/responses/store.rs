@@ -29,6 +29,8 @@ pub struct StoredResponse {
     pub prefix: CachedPrefix,
     /// The input items of this turn (for `input_items`-style inspection).
     pub input_items: Vec<Value>,
+    /// The WebSocket lane (`stream_id`) that produced it, if any.
+    pub lane: Option<String>,
 }
 
 /// Entries and their insertion order.
@@ -195,6 +197,7 @@ mod tests {
             context: Vec::new(),
             prefix: CachedPrefix::default(),
             input_items: Vec::new(),
+            lane: None,
         }
     }
 

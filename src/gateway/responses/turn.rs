@@ -40,6 +40,7 @@ pub fn prepare(
 ) -> ApiResult<Turn> {
     let mut context = prev.map(|p| p.context.clone()).unwrap_or_default();
     context.extend(req.messages.iter().cloned());
+    name_tool_results(&mut context);
     let messages = prompt_messages(req.instructions.as_deref(), &context);
     let conv = Conversation {
         messages,
@@ -57,6 +58,27 @@ pub fn prepare(
         prompt_text,
         prompt_ids,
     })
+}
+
+/// Gives each tool result the name of the call it answers (formats such
+/// as Kimi K3 render it), looking through the whole conversation.
+fn name_tool_results(context: &mut [Message]) {
+    for i in 0..context.len() {
+        if context[i].role != "tool" || context[i].name.is_some() {
+            continue;
+        }
+        let Some(call_id) = context[i].tool_call_id.clone() else {
+            continue;
+        };
+        let name = context[..i].iter().rev().find_map(|m| {
+            m.tool_calls
+                .iter()
+                .flatten()
+                .find(|c| c.id == call_id)
+                .map(|c| c.function.name.clone())
+        });
+        context[i].name = name;
+    }
 }
 
 /// A turn whose generation has been accepted by the engine.
@@ -150,6 +172,7 @@ impl Running {
                                 output_ids,
                             },
                             input_items: std::mem::take(&mut self.turn.req.input_items),
+                            lane: self.turn.req.stream_id.clone(),
                         }
                     });
                     return Outcome { response, stored };

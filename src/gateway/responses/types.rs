@@ -17,7 +17,7 @@ use crate::gateway::fields::{as_object, type_name, Fields};
 use crate::gateway::model::ToolChoiceSpec;
 use crate::gateway::params::{read_sampling, Sampling};
 use crate::gateway::AppState;
-use crate::toolcall::{Message, MessageContent, ToolCall};
+use crate::toolcall::{Message, ToolCall};
 
 /// A validated Responses request.
 #[derive(Debug, Clone)]
@@ -162,9 +162,7 @@ pub fn items_to_messages(items: &[Value], vision: bool, out: &mut Vec<Message>) 
                     &format!("{name}.output"),
                     vision,
                 )?;
-                let mut m = Message::tool_result(&call_id, &output);
-                m.name = find_call_name(out, &call_id);
-                out.push(m);
+                out.push(Message::tool_result(&call_id, &output));
             }
             "reasoning" => {
                 let mut text = String::new();
@@ -194,17 +192,6 @@ pub fn items_to_messages(items: &[Value], vision: bool, out: &mut Vec<Message>) 
         }
     }
     Ok(())
-}
-
-/// The function name of the call `call_id` in `messages`.
-fn find_call_name(messages: &[Message], call_id: &str) -> Option<String> {
-    messages.iter().rev().find_map(|m| {
-        m.tool_calls
-            .iter()
-            .flatten()
-            .find(|c| c.id == call_id)
-            .map(|c| c.function.name.clone())
-    })
 }
 
 /// Flat function tools → chat tools; other tool types are refused.
@@ -250,57 +237,58 @@ fn parse_tool_choice(f: &Fields<'_>, chat_tools: &[Value]) -> ApiResult<(ToolCho
         .raw("tool_choice")
         .cloned()
         .unwrap_or_else(|| json!("auto"));
-    let spec =
-        match &raw {
-            Value::String(s) => match s.as_str() {
-                "auto" => ToolChoiceSpec::Auto,
-                "none" => ToolChoiceSpec::None,
-                "required" => ToolChoiceSpec::Required,
-                other => return Err(ApiError::invalid(
+    let spec = match &raw {
+        Value::String(s) => match s.as_str() {
+            "auto" => ToolChoiceSpec::Auto,
+            "none" => ToolChoiceSpec::None,
+            "required" => ToolChoiceSpec::Required,
+            other => {
+                return Err(ApiError::invalid(
                     "invalid_value",
                     Some("tool_choice"),
                     format!(
                         "`tool_choice` must be none, auto, required or an object, got `{other}`"
                     ),
-                )),
-            },
-            Value::Object(o) => match o.get("type").and_then(Value::as_str) {
-                Some("function") => {
-                    let name = o
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| ApiError::missing("tool_choice.name"))?;
-                    if !chat_tools.iter().any(|t| t["function"]["name"] == name) {
-                        return Err(ApiError::invalid(
-                            "unknown_tool",
-                            Some("tool_choice"),
-                            format!("`tool_choice` names `{name}`, which is not among `tools`"),
-                        ));
-                    }
-                    ToolChoiceSpec::Function(name.to_string())
-                }
-                Some("allowed_tools") => match o.get("mode").and_then(Value::as_str) {
-                    Some("required") => ToolChoiceSpec::Required,
-                    _ => ToolChoiceSpec::Auto,
-                },
-                _ => {
-                    return Err(ApiError::unsupported(
-                        "tool_choice",
-                        "only none, auto, required, function and allowed_tools",
-                    ))
-                }
-            },
-            other => {
-                return Err(ApiError::invalid(
-                    "invalid_type",
-                    Some("tool_choice"),
-                    format!(
-                        "`tool_choice`: expected a string or an object, got {}",
-                        type_name(other)
-                    ),
                 ))
             }
-        };
+        },
+        Value::Object(o) => match o.get("type").and_then(Value::as_str) {
+            Some("function") => {
+                let name = o
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| ApiError::missing("tool_choice.name"))?;
+                if !chat_tools.iter().any(|t| t["function"]["name"] == name) {
+                    return Err(ApiError::invalid(
+                        "unknown_tool",
+                        Some("tool_choice"),
+                        format!("`tool_choice` names `{name}`, which is not among `tools`"),
+                    ));
+                }
+                ToolChoiceSpec::Function(name.to_string())
+            }
+            Some("allowed_tools") => match o.get("mode").and_then(Value::as_str) {
+                Some("required") => ToolChoiceSpec::Required,
+                _ => ToolChoiceSpec::Auto,
+            },
+            _ => {
+                return Err(ApiError::unsupported(
+                    "tool_choice",
+                    "only none, auto, required, function and allowed_tools",
+                ))
+            }
+        },
+        other => {
+            return Err(ApiError::invalid(
+                "invalid_type",
+                Some("tool_choice"),
+                format!(
+                    "`tool_choice`: expected a string or an object, got {}",
+                    type_name(other)
+                ),
+            ))
+        }
+    };
     Ok((spec, raw))
 }
 
@@ -436,10 +424,4 @@ pub fn prompt_messages(instructions: Option<&str>, context: &[Message]) -> Vec<M
     }
     out.extend(context.iter().cloned());
     out
-}
-
-/// Whether `content` of a message is empty.
-pub fn is_empty_message(m: &Message) -> bool {
-    matches!(&m.content, None)
-        || matches!(&m.content, Some(MessageContent::Text(t)) if t.is_empty())
 }
