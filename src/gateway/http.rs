@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 
 use super::error::{ApiError, ApiResult};
 use super::fields::parse_body;
-use super::{chat, completions, responses, AppState};
+use super::{chat, completions, realtime, responses, AppState};
 
 /// Frames buffered per SSE response before its producer waits.
 pub const SSE_BUFFER: usize = 16;
@@ -40,7 +40,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(responses::http::retrieve).delete(responses::http::delete),
         )
         .route("/v1/responses/{id}/cancel", post(responses::http::cancel))
-        //REALTIME-LATER
+        .route("/v1/realtime", get(realtime::upgrade))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .with_state(state)

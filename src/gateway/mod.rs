@@ -35,6 +35,7 @@ pub mod http;
 pub mod metrics;
 pub mod model;
 pub mod params;
+pub mod realtime;
 pub mod responses;
 pub mod shutdown;
 pub mod upgrade;

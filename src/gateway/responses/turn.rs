@@ -62,7 +62,7 @@ pub fn prepare(
 
 /// Gives each tool result the name of the call it answers (formats such
 /// as Kimi K3 render it), looking through the whole conversation.
-fn name_tool_results(context: &mut [Message]) {
+pub fn name_tool_results(context: &mut [Message]) {
     for i in 0..context.len() {
         if context[i].role != "tool" || context[i].name.is_some() {
             continue;
