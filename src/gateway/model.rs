@@ -252,8 +252,8 @@ impl ServedModel {
             .unwrap_or_default()
     }
 
-    /// Checks a prompt against the context length and the output budget.
-    pub fn check_prompt(&self, prompt_tokens: usize, max_tokens: usize) -> ApiResult<()> {
+    /// Checks a prompt against the context length.
+    pub fn check_prompt(&self, prompt_tokens: usize) -> ApiResult<()> {
         let ctx = self.info.max_position;
         if prompt_tokens == 0 {
             return Err(ApiError::invalid(
@@ -269,7 +269,6 @@ impl ServedModel {
                 format!("the prompt has {prompt_tokens} tokens, but the model's context length is {ctx}"),
             ));
         }
-        let _ = max_tokens;
         Ok(())
     }
 }

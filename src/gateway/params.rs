@@ -129,7 +129,7 @@ pub fn valid_request(
     session: Option<String>,
 ) -> ApiResult<ValidRequest> {
     let info = &state.model.info;
-    state.model.check_prompt(prompt.len(), 0)?;
+    state.model.check_prompt(prompt.len())?;
     if let Some(bad) = prompt.iter().find(|&&t| t as usize >= info.vocab_size) {
         return Err(ApiError::invalid(
             "invalid_value",
