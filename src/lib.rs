@@ -20,6 +20,9 @@
 //! - [`constrain`]: constrained decoding (llguidance grammars for JSON
 //!   schemas and each model's tool-call format) behind a tokenizer-free
 //!   `Constraint` trait.
+//! - [`gateway`]: the OpenAI-compatible HTTP and WebSocket server (`caracal
+//!   serve`): Chat Completions, Completions, Responses (HTTP, SSE and the
+//!   WebSocket mode), Realtime, one session task per connection.
 //! - [`request`]: validation of generation settings at the edge into a
 //!   [`caracal_actors::messages::ValidRequest`].
 //! - [`generate`]: prefill + decode of one sequence with timing.
@@ -39,6 +42,7 @@ pub mod constrain;
 pub mod convert;
 pub mod error;
 pub mod eval;
+pub mod gateway;
 pub mod generate;
 pub mod models;
 pub mod paths;

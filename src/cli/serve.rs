@@ -1,0 +1,122 @@
+//! `caracal serve`: the OpenAI-compatible HTTP and WebSocket server on one
+//! port. Loads the model (the built-in tiny Kimi K3 without `--model`),
+//! starts the engine with the flags `batch` takes, and serves until
+//! SIGINT/SIGTERM, then shuts down gracefully within `--shutdown-timeout`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use caracal::gateway::{self, EngineHost, Gateway, GatewayConfig, ServedModel};
+use caracal::models::CausalLm;
+use clap::Args;
+
+use super::engine_args::{parse_bytes, EngineArgs};
+
+/// Arguments of `caracal serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Checkpoint folder; default: the built-in tiny Kimi K3 (random weights).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Model name clients use (default: the checkpoint folder's name).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// WebSocket sessions open at once; further upgrades get 429 websocket_connection_limit_reached.
+    #[arg(long, default_value_t = 256)]
+    max_sessions: usize,
+    /// Seconds open streams get to finish after SIGINT/SIGTERM before they are cancelled.
+    #[arg(long, default_value_t = 30)]
+    shutdown_timeout: u64,
+    /// Largest HTTP request body, e.g. 16MiB.
+    #[arg(long, default_value = "16MiB", value_parser = parse_bytes)]
+    max_body_bytes: usize,
+    /// Largest WebSocket message, e.g. 16MiB.
+    #[arg(long, default_value = "16MiB", value_parser = parse_bytes)]
+    max_message_bytes: usize,
+    /// Output budget of requests that name none (capped by the context left).
+    #[arg(long, default_value_t = 1024)]
+    default_max_tokens: usize,
+    /// Responses kept in memory for `previous_response_id` (store: true).
+    #[arg(long, default_value_t = 1024)]
+    response_store_size: usize,
+    /// Seconds a stored response stays retrievable.
+    #[arg(long, default_value_t = 3600)]
+    response_store_ttl: u64,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// Runs `caracal serve`.
+pub fn run(a: ServeArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> {
+    let dir = super::model_dir(a.model.clone())?;
+    let t0 = Instant::now();
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_message(format!("loading {}", dir.display()));
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    let loaded = super::load_model(&dir, load);
+    spinner.finish_and_clear();
+    let loaded = loaded?;
+    eprintln!(
+        "loaded {} in {:.1} s",
+        dir.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    let vision = std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+        .is_some_and(|c| c.get("vision_config").is_some());
+    let name = a.served_model_name.clone().unwrap_or_else(|| {
+        dir.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "caracal".into())
+    });
+    let model: Arc<dyn CausalLm> = Arc::from(loaded.model);
+    let tokenizer = loaded.tokenizer.map(Arc::new);
+    let served = ServedModel::new(&name, model.as_ref(), tokenizer.clone(), vision);
+    let detok = tokenizer.map(|t| t as Arc<dyn caracal_actors::engine::Detokenize>);
+    let engine =
+        EngineHost::start(model, a.engine.config(), detok).context("starting the engine")?;
+    let config = GatewayConfig {
+        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        max_sessions: a.max_sessions.max(1),
+        max_body_bytes: a.max_body_bytes,
+        max_message_bytes: a.max_message_bytes,
+        default_max_tokens: a.default_max_tokens.max(1),
+        store_capacity: a.response_store_size.max(1),
+        store_ttl: Duration::from_secs(a.response_store_ttl),
+        shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
+        ..GatewayConfig::default()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("caracal-gateway")
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async move {
+        let addr = format!("{}:{}", a.host, a.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!(
+            "caracal serve: model `{name}` at http://{local}/v1 (WebSocket ws://{local}/v1/responses, ws://{local}/v1/realtime); Ctrl-C stops"
+        );
+        Gateway::new(served, engine, config)
+            .serve(listener, gateway::shutdown_signal())
+            .await
+            .context("serving")
+    })?;
+    eprintln!("caracal serve: stopped");
+    Ok(())
+}

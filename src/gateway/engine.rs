@@ -1,0 +1,131 @@
+//! The gateway's only contact with the actor runtime.
+//!
+//! [`EngineHost`] runs the engine's actors in an actix `System` on a thread
+//! of their own (the scheduler and session memory then start their own
+//! arbiters), so the socket side — a multi-threaded tokio runtime — never
+//! runs or waits on a forward pass: it only sends [`ValidRequest`]s to the
+//! scheduler's mailbox and reads [`TokenEvent`]s from each request's
+//! bounded channel. Dropping that receiver cancels the request within one
+//! scheduler step. Every engine call the gateway makes goes through this
+//! file, so a change of the engine's handle is a change here only.
+
+use std::sync::Arc;
+
+use caracal_actors::engine::{CausalLm, Detokenize};
+use caracal_actors::messages::{
+    ErrorKind, MemoryStats, SchedulerStats, SubmitError, TokenEvent, ValidRequest,
+};
+use caracal_actors::runtime::{Engine, EngineConfig};
+use tokio::sync::mpsc;
+
+use super::error::ApiError;
+
+/// A running engine and the thread of its actix `System`.
+pub struct EngineHost {
+    /// The engine handle (cheap to clone, `Send`).
+    engine: Engine,
+    /// The actix system, stopped when the host is dropped.
+    system: actix::System,
+    /// The system's thread, joined on drop.
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Engine counters for `/metrics`.
+#[derive(Debug, Clone, Default)]
+pub struct EngineSnapshot {
+    /// Scheduler counters (absent if the scheduler did not answer).
+    pub scheduler: Option<SchedulerStats>,
+    /// Session memory counters.
+    pub memory: Option<MemoryStats>,
+    /// Expert selection counts `[layer][expert]` with `--ep` > 1.
+    pub expert_counts: Option<Vec<Vec<u64>>>,
+}
+
+impl EngineHost {
+    /// Starts the engine's actors for `model` on a new thread.
+    pub fn start(
+        model: Arc<dyn CausalLm>,
+        cfg: EngineConfig,
+        detok: Option<Arc<dyn Detokenize>>,
+    ) -> std::io::Result<EngineHost> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let thread = std::thread::Builder::new()
+            .name("caracal-engine".into())
+            .spawn(move || {
+                let sys = actix::System::new();
+                let engine = sys.block_on(async move { Engine::start(model, cfg, detok) });
+                if tx.send((engine, actix::System::current())).is_ok() {
+                    let _ = sys.run();
+                }
+            })?;
+        let (engine, system) = rx.recv().map_err(|_| {
+            std::io::Error::other("the engine thread ended before the engine started")
+        })?;
+        Ok(EngineHost {
+            engine,
+            system,
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues a request; its events arrive on the returned receiver.
+    pub async fn submit(
+        &self,
+        request: ValidRequest,
+    ) -> Result<mpsc::Receiver<TokenEvent>, ApiError> {
+        self.engine.submit(request).await.map_err(submit_error)
+    }
+
+    /// Unpins `session`'s cached path and cancels its requests (a WebSocket
+    /// session ended). A stopped engine has nothing left to unpin.
+    pub async fn close_session(&self, session: &str) {
+        let _ = self.engine.close_session(session).await;
+    }
+
+    /// Current counters.
+    pub async fn snapshot(&self) -> EngineSnapshot {
+        let expert_counts = match &self.engine.shards {
+            Some(s) => Some(s.counts().await),
+            None => None,
+        };
+        EngineSnapshot {
+            scheduler: self.engine.scheduler_stats().await,
+            memory: self.engine.memory_stats().await,
+            expert_counts,
+        }
+    }
+}
+
+/// Maps a refused submission to a client error.
+fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::Overloaded { .. } => ApiError::overloaded(e.to_string()),
+        SubmitError::Invalid(m) => ApiError::invalid("invalid_value", None, m),
+        SubmitError::PromptTooLong { .. } => {
+            ApiError::invalid("context_length_exceeded", None, e.to_string())
+        }
+        SubmitError::Stopped => ApiError::shutting_down(),
+    }
+}
+
+/// Maps an engine error event to a client error.
+pub fn event_error(kind: ErrorKind, message: String) -> ApiError {
+    match kind {
+        ErrorKind::Overloaded | ErrorKind::KvCacheFull => ApiError::overloaded(message),
+        ErrorKind::ContextLengthExceeded => {
+            ApiError::invalid("context_length_exceeded", None, message)
+        }
+        ErrorKind::InvalidRequest => ApiError::invalid("invalid_value", None, message),
+        ErrorKind::EngineStopped => ApiError::shutting_down(),
+        ErrorKind::Cancelled | ErrorKind::InternalError => ApiError::internal(message),
+    }
+}
+
+impl Drop for EngineHost {
+    fn drop(&mut self) {
+        self.system.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
