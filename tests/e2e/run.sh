@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/pip install -q openai websockets pytest
+.venv/bin/pip install -q "openai==3.57.0" "websockets==17.4" "pytest==9.2.0"
 cargo build --bin caracal
 port=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 log=$(mktemp)
