@@ -7,11 +7,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod common;
+
 use caracal::generate::{generate, prompt_logits, GenerateRequest, LoadedModel};
 use caracal::models::{CausalLm, ExpertDispatch, ExpertFfn, LogitsMode, SeqBatch};
 use caracal_actors::engine::run_experts_local;
 use caracal_kernels::paged::KvPool;
 use caracal_kernels::sampling::SamplingParams;
+use common::{floats, ids, max_abs_diff, TempDir};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
@@ -32,38 +35,11 @@ const MARGIN: f64 = 1e-2;
 const SPLIT_TOL: f32 = 3e-4;
 
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(FIXTURE)
+    common::fixture(FIXTURE)
 }
 
 fn expected() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture().join("expected.json")).unwrap())
-        .unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    common::expected(&fixture())
 }
 
 fn load(dir: &Path) -> Box<dyn CausalLm> {
@@ -384,8 +360,8 @@ fn read_tensors(dir: &Path) -> Vec<Tensor> {
 
 /// A copy of the fixture with its tensors replaced by `tensors` and its
 /// config edited by `edit`.
-fn variant(tag: &str, tensors: Vec<Tensor>, edit: impl FnOnce(&mut Value)) -> scratch::Dir {
-    let dir = scratch::Dir::new(tag);
+fn variant(tag: &str, tensors: Vec<Tensor>, edit: impl FnOnce(&mut Value)) -> TempDir {
+    let dir = TempDir::new(tag);
     for f in [
         "tokenizer.json",
         "tokenizer_config.json",
@@ -553,26 +529,4 @@ fn unsupported_activation_is_a_clear_error() {
     });
     let err = LoadedModel::load(&d.0).err().unwrap().to_string();
     assert!(err.contains("gelu") && err.contains("situ"), "{err}");
-}
-
-/// A scratch folder removed on drop.
-mod scratch {
-    use std::path::PathBuf;
-
-    pub struct Dir(pub PathBuf);
-
-    impl Dir {
-        pub fn new(tag: &str) -> Dir {
-            let p = std::env::temp_dir().join(format!("caracal-k3-{tag}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).unwrap();
-            Dir(p)
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }

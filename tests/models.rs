@@ -2,12 +2,15 @@
 //! checkpoints saved in the published layout (tests/fixtures, made by
 //! tools/make_fixtures.py), plus cache and batching invariants.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+mod common;
 
 use caracal::generate::{generate, prompt_logits, GenerateRequest, LoadedModel};
 use caracal::models::{LogitsMode, SeqBatch};
 use caracal_kernels::paged::KvPool;
 use caracal_kernels::sampling::SamplingParams;
+use common::{copy_dir, fixture, floats, ids, max_abs_diff, TempDir};
 use serde_json::Value;
 
 const FIXTURES: [&str; 3] = ["tiny-llama", "tiny-deepseek-v3", "tiny-kimi-linear"];
@@ -19,39 +22,12 @@ const LOGIT_TOL: f32 = 1e-4;
 /// margin is below this (a near-tie can flip on rounding).
 const MARGIN: f64 = 1e-2;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
 fn expected(name: &str) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap())
-        .unwrap()
+    common::expected(&fixture(name))
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+fn copy_fixture(name: &str) -> TempDir {
+    copy_dir(&fixture(name), name)
 }
 
 fn check_logits(name: &str) {
@@ -278,15 +254,6 @@ fn chat_template_renders_like_transformers() {
     }
 }
 
-fn copy_fixture(name: &str) -> tempdir::Dir {
-    let dst = tempdir::Dir::new(name);
-    for e in std::fs::read_dir(fixture(name)).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dst.0.join(e.file_name())).unwrap();
-    }
-    dst
-}
-
 fn edit_config(dir: &Path, f: impl FnOnce(&mut Value)) {
     let p = dir.join("config.json");
     let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
@@ -356,30 +323,4 @@ fn prompt_longer_than_context_is_rejected() {
         .unwrap_err()
         .to_string();
     assert!(err.contains(&format!("context length is {ctx}")), "{err}");
-}
-
-/// A scratch folder removed on drop.
-mod tempdir {
-    use std::path::PathBuf;
-
-    pub struct Dir(pub PathBuf);
-
-    impl Dir {
-        pub fn new(tag: &str) -> Dir {
-            let p = std::env::temp_dir().join(format!(
-                "caracal-test-{tag}-{}-{:?}",
-                std::process::id(),
-                std::thread::current().id()
-            ));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).unwrap();
-            Dir(p)
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }

@@ -13,6 +13,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
+mod common;
+
 use caracal::chat::{render, ChatMessage};
 use caracal::checkpoint::gguf::{import_gguf, ImportOptions};
 use caracal::convert::moeify::{moeify_checkpoint, MoeifyOptions, Variant};
@@ -22,6 +24,7 @@ use caracal_actors::engine::run_experts_local;
 use caracal_actors::messages::{StopConditions, TokenEvent, ValidRequest};
 use caracal_actors::runtime::{Engine, EngineConfig};
 use caracal_kernels::sampling::SamplingParams;
+use common::{max_abs_diff, smollm2_gguf};
 
 /// Largest |MoE − dense| over every logit of every prompt position. The two
 /// models hold the same bf16 weights (copies, and power-of-two scalings that
@@ -42,29 +45,13 @@ struct Fixture {
     split: PathBuf,
 }
 
-fn gguf() -> Option<PathBuf> {
-    let dir = std::env::var_os("CARACAL_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models"));
-    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    if path.exists() {
-        Some(path)
-    } else {
-        eprintln!(
-            "note: skipping moeify tests: {} not found (run tools/fetch-models.sh)",
-            path.display()
-        );
-        None
-    }
-}
-
 /// Imports the GGUF and moeifies it (copy: 8 experts top-2, n_group 2;
 /// split: 8 slices, top-8), once per process.
 fn fixture() -> Option<&'static Fixture> {
     static FIXTURE: OnceLock<Option<Fixture>> = OnceLock::new();
     FIXTURE
         .get_or_init(|| {
-            let gguf = gguf()?;
+            let gguf = smollm2_gguf("the moeify tests")?;
             let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moeify-smollm2");
             let _ = std::fs::remove_dir_all(&root);
             let f = Fixture {
@@ -116,14 +103,6 @@ fn greedy_tokens(m: &LoadedModel, prompt: &[u32]) -> Vec<u32> {
         stop_ids: m.model.info().eos_ids.clone(),
     };
     generate(m.model.as_ref(), &req, |_| {}).unwrap().token_ids
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 #[test]

@@ -4,7 +4,9 @@
 //! `_blocks` / `_scales`).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+mod common;
 
 use caracal::checkpoint::inspect::{inspect, inspect_checkpoint, InspectReport};
 use caracal::checkpoint::Checkpoint;
@@ -12,41 +14,10 @@ use caracal::convert::quantize::{quantize_checkpoint, QuantizeOptions};
 use caracal::generate::{generate, prompt_logits, GenerateRequest, LoadedModel};
 use caracal_kernels::sampling::SamplingParams;
 use caracal_kernels::{DType, Matrix};
+use common::{fixture, ids, TempDir};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use serde_json::Value;
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
-/// A scratch folder removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("caracal-quantize-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 /// Prompt plus the reference greedy continuation of a fixture: 20–30 positions.
 fn probe_ids(name: &str) -> Vec<u32> {
