@@ -18,7 +18,9 @@ use caracal_kernels::Matrix;
 
 use super::layers::mla::{MlaAttention, MlaOptions};
 use super::layers::moe::{impl_moe_model, Ffn};
-use super::layers::{add_inplace, embed, logits, BatchLayout, RmsNorm};
+use super::layers::{
+    add_inplace, embed, load_lm_head, logits, model_info, BatchLayout, MissingHead, RmsNorm,
+};
 use super::{CausalLm, EngineError, ModelInfo, MoeModel, SeqBatch, SeqState};
 use crate::checkpoint::arch::Arch;
 use crate::checkpoint::Checkpoint;
@@ -115,21 +117,8 @@ impl DeepseekV3 {
                 ffn,
             });
         }
-        let lm_head = if arch.tie_word_embeddings {
-            embed_tokens.clone()
-        } else {
-            ckpt.matrix(&format!("{root}lm_head.weight"), arch.vocab_size, d)?
-        };
-        let info = ModelInfo {
-            model_type: arch.model_type.name().into(),
-            vocab_size: arch.vocab_size,
-            max_position: arch.max_position,
-            kv_layers: arch.kv_layers(),
-            kv_width: arch.kv_width(),
-            linear_layers: 0,
-            eos_ids,
-            num_params: ckpt.total_params(),
-        };
+        let lm_head = load_lm_head(ckpt, arch, &embed_tokens, &root, MissingHead::Error)?;
+        let info = model_info(arch, ckpt, eos_ids);
         Ok(DeepseekV3 {
             info,
             embed_tokens,

@@ -43,9 +43,12 @@ use caracal_kernels::Matrix;
 use super::kimi_linear::Mixer;
 use super::layers::attn_res::{AttnResWeights, BlockHistory};
 use super::layers::moe::{impl_moe_model, Ffn};
-use super::layers::{add_inplace, embed, logits, BatchLayout, RmsNorm};
+use super::layers::{
+    add_inplace, check_linear_states, embed, load_lm_head, logits, model_info, BatchLayout,
+    MissingHead, RmsNorm,
+};
 use super::{CausalLm, EngineError, ModelInfo, MoeModel, SeqBatch, SeqState};
-use crate::checkpoint::arch::{Arch, AttentionKind};
+use crate::checkpoint::arch::Arch;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 
@@ -144,21 +147,8 @@ impl KimiK3 {
             )?),
             None => None,
         };
-        let lm_head = if arch.tie_word_embeddings {
-            embed_tokens.clone()
-        } else {
-            ckpt.matrix(&format!("{root}lm_head.weight"), arch.vocab_size, d)?
-        };
-        let info = ModelInfo {
-            model_type: arch.model_type.name().into(),
-            vocab_size: arch.vocab_size,
-            max_position: arch.max_position,
-            kv_layers: arch.kv_layers(),
-            kv_width: arch.kv_width(),
-            linear_layers: arch.count(AttentionKind::Kda),
-            eos_ids,
-            num_params: ckpt.total_params(),
-        };
+        let lm_head = load_lm_head(ckpt, arch, &embed_tokens, &root, MissingHead::Error)?;
+        let info = model_info(arch, ckpt, eos_ids);
         Ok(KimiK3 {
             info,
             embed_tokens,
@@ -193,13 +183,7 @@ impl CausalLm for KimiK3 {
         cache: &mut KvPool,
         batch: &mut [SeqBatch<'_>],
     ) -> std::result::Result<Vec<f32>, EngineError> {
-        for s in batch.iter() {
-            if s.state.linear.len() != self.info.linear_layers {
-                return Err(EngineError::InvalidInput(
-                    "sequence state was not made by this model's new_state()".into(),
-                ));
-            }
-        }
+        check_linear_states(batch, self.info.linear_layers)?;
         let layout = BatchLayout::prepare(
             batch,
             cache,

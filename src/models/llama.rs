@@ -30,7 +30,9 @@ use caracal_kernels::Matrix;
 
 use super::layers::gqa::GqaAttention;
 use super::layers::moe::{impl_moe_model, Ffn};
-use super::layers::{add_inplace, embed, logits, BatchLayout, RmsNorm};
+use super::layers::{
+    add_inplace, embed, load_lm_head, logits, model_info, BatchLayout, MissingHead, RmsNorm,
+};
 use super::{CausalLm, EngineError, ModelInfo, MoeModel, SeqBatch, SeqState};
 use crate::checkpoint::arch::Arch;
 use crate::checkpoint::Checkpoint;
@@ -108,22 +110,8 @@ impl Llama {
                 mlp: Ffn::load(ckpt, &p, arch, i)?,
             });
         }
-        let lm_name = format!("{root}lm_head.weight");
-        let lm_head = if arch.tie_word_embeddings || !ckpt.has(&lm_name) {
-            embed_tokens.clone()
-        } else {
-            ckpt.matrix(&lm_name, arch.vocab_size, d)?
-        };
-        let info = ModelInfo {
-            model_type: arch.model_type.name().into(),
-            vocab_size: arch.vocab_size,
-            max_position: arch.max_position,
-            kv_layers: arch.kv_layers(),
-            kv_width: arch.kv_width(),
-            linear_layers: 0,
-            eos_ids,
-            num_params: ckpt.total_params(),
-        };
+        let lm_head = load_lm_head(ckpt, arch, &embed_tokens, &root, MissingHead::Tie)?;
+        let info = model_info(arch, ckpt, eos_ids);
         Ok(Llama {
             info,
             embed_tokens,

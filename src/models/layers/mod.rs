@@ -17,10 +17,10 @@ use caracal_kernels::activation;
 use caracal_kernels::norm;
 use caracal_kernels::Matrix;
 
-use crate::checkpoint::arch::Family;
+use crate::checkpoint::arch::{Arch, AttentionKind, Family};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::models::{LogitsMode, SeqBatch};
+use crate::models::{EngineError, LogitsMode, ModelInfo, SeqBatch};
 
 /// Where each sequence's rows sit in the flat batch.
 #[derive(Debug, Clone)]
@@ -271,6 +271,62 @@ pub fn add_inplace(x: &mut [f32], delta: &[f32]) {
     for (a, b) in x.iter_mut().zip(delta) {
         *a += b;
     }
+}
+
+/// Whether a missing `lm_head.weight` means a tied head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingHead {
+    /// Use the input table (llama exports, e.g. SmolLM2's GGUF import, omit a
+    /// tied head even when `tie_word_embeddings` is unset).
+    Tie,
+    /// A missing head is an error naming the tensor.
+    Error,
+}
+
+/// The output head: the input table `embed` when the config ties them (or,
+/// with [`MissingHead::Tie`], when the checkpoint has none), else
+/// `{root}lm_head.weight` `[vocab, d]`.
+pub fn load_lm_head(
+    ckpt: &Checkpoint,
+    arch: &Arch,
+    embed: &Matrix,
+    root: &str,
+    missing: MissingHead,
+) -> Result<Matrix> {
+    let name = format!("{root}lm_head.weight");
+    if arch.tie_word_embeddings || (missing == MissingHead::Tie && !ckpt.has(&name)) {
+        Ok(embed.clone())
+    } else {
+        ckpt.matrix(&name, arch.vocab_size, embed.cols)
+    }
+}
+
+/// What the engine needs to know of a model built from `arch`.
+pub fn model_info(arch: &Arch, ckpt: &Checkpoint, eos_ids: Vec<u32>) -> ModelInfo {
+    ModelInfo {
+        model_type: arch.model_type.name().into(),
+        vocab_size: arch.vocab_size,
+        max_position: arch.max_position,
+        kv_layers: arch.kv_layers(),
+        kv_width: arch.kv_width(),
+        linear_layers: arch.count(AttentionKind::Kda),
+        eos_ids,
+        num_params: ckpt.total_params(),
+    }
+}
+
+/// Refuses a batch whose sequences carry another model's recurrent state
+/// (one [`crate::models::LinearState`] per KDA layer).
+pub fn check_linear_states(
+    batch: &[SeqBatch<'_>],
+    linear_layers: usize,
+) -> std::result::Result<(), EngineError> {
+    if batch.iter().any(|s| s.state.linear.len() != linear_layers) {
+        return Err(EngineError::InvalidInput(
+            "sequence state was not made by this model's new_state()".into(),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
