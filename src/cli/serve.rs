@@ -72,10 +72,10 @@ pub fn run(a: ServeArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
         dir.display(),
         t0.elapsed().as_secs_f64()
     );
-    let vision = std::fs::read_to_string(dir.join("config.json"))
-        .ok()
-        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
-        .is_some_and(|c| c.get("vision_config").is_some());
+    // The vision tower does not run yet, so even a checkpoint with one takes
+    // no images: they are refused with `unsupported_parameter` naming the
+    // content part, never dropped from the prompt.
+    let vision = false;
     let name = a.served_model_name.clone().unwrap_or_else(|| {
         dir.file_name()
             .map(|n| n.to_string_lossy().into_owned())
