@@ -38,7 +38,30 @@ fn raise_exception(msg: String) -> std::result::Result<Value, minijinja::Error> 
     Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
 }
 
-/// Renders `template` for `messages` (and optional OpenAI `tools`).
+/// `v` with every object's keys in code-point order (Python's
+/// `sort_keys=True`). Rendered tool declarations keep this one order
+/// whatever key order the client sent and whether or not `serde_json`'s
+/// maps preserve insertion order in this build (a dependency turns that on),
+/// so the same tools always give the same prompt and the same cached prefix.
+pub fn sort_keys(v: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    match v {
+        J::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            J::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sort_keys(&map[k])))
+                    .collect(),
+            )
+        }
+        J::Array(items) => J::Array(items.iter().map(sort_keys).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Renders `template` for `messages` (and optional OpenAI `tools`, whose
+/// keys are rendered in [`sort_keys`] order).
 pub fn render(
     template: &str,
     messages: &[ChatMessage],
@@ -60,7 +83,7 @@ pub fn render(
         .map_err(|e| Error::Template(e.to_string()))?;
     let ctx = minijinja::context! {
         messages => Value::from_serialize(messages),
-        tools => tools.map(Value::from_serialize),
+        tools => tools.map(|t| Value::from_serialize(sort_keys(t))),
         add_generation_prompt => add_generation_prompt,
         bos_token => bos_token.unwrap_or(""),
         eos_token => eos_token.unwrap_or(""),

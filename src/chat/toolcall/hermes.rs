@@ -36,7 +36,8 @@ fn tools_block(tools: &[Value]) -> String {
     );
     for t in tools {
         out.push('\n');
-        out.push_str(&serde_json::to_string(t).expect("a JSON value always serialises"));
+        let sorted = crate::chat::sort_keys(t);
+        out.push_str(&serde_json::to_string(&sorted).expect("a JSON value always serialises"));
     }
     out.push_str(
         "\n</tools>\n\nFor each function call, return a json object with function name and \
@@ -422,6 +423,15 @@ fn check_object(index: usize, args: &str, events: &mut Vec<ParseEvent>) {
             index: Some(index),
             message: format!("arguments of tool call {index} are not a JSON object"),
         });
+    }
+}
+
+impl super::StreamParser for HermesStreamParser {
+    fn push(&mut self, delta: &str) -> Vec<ParseEvent> {
+        HermesStreamParser::push(self, delta)
+    }
+    fn finish(&mut self) -> Vec<ParseEvent> {
+        HermesStreamParser::finish(self)
     }
 }
 

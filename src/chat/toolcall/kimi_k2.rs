@@ -381,10 +381,20 @@ pub fn function_name(id: &str) -> &str {
     base.strip_prefix("functions.").unwrap_or(base)
 }
 
+impl super::StreamParser for K2StreamParser {
+    fn push(&mut self, delta: &str) -> Vec<ParseEvent> {
+        K2StreamParser::push(self, delta)
+    }
+    fn finish(&mut self) -> Vec<ParseEvent> {
+        K2StreamParser::finish(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{ContentPart, ToolCall};
     use super::*;
+    use crate::chat::toolcall::parse_in_pieces;
     use minijinja::{Environment, Value};
 
     const TEMPLATE: &str = include_str!("../../../tests/fixtures/templates/Kimi-K2-Instruct.jinja");
@@ -415,7 +425,9 @@ mod tests {
         env.add_template("chat", &source).unwrap();
         let ctx = minijinja::context! {
             messages => Value::from_serialize(messages),
-            tools => tools.map(Value::from_serialize),
+            // The template's `tojson` sees the keys in the order `render` passes
+            // them ([`crate::chat::sort_keys`]).
+            tools => tools.map(|t| Value::from_serialize(t.iter().map(crate::chat::sort_keys).collect::<Vec<_>>())),
             add_generation_prompt => add_generation_prompt,
         };
         env.get_template("chat").unwrap().render(ctx).unwrap()
@@ -542,30 +554,6 @@ mod tests {
             },
             ParseEvent::ToolCallEnd { index: 1 },
         ]
-    }
-
-    /// Feeds `text` cut at the given char counts and coalesces the events.
-    fn parse_in_pieces(
-        mut parser: K2StreamParser,
-        text: &str,
-        sizes: impl Iterator<Item = usize>,
-    ) -> Vec<ParseEvent> {
-        let chars: Vec<char> = text.chars().collect();
-        let mut events = Vec::new();
-        let mut at = 0;
-        for size in sizes {
-            if at >= chars.len() {
-                break;
-            }
-            let end = (at + size.max(1)).min(chars.len());
-            events.extend(parser.push(&chars[at..end].iter().collect::<String>()));
-            at = end;
-        }
-        if at < chars.len() {
-            events.extend(parser.push(&chars[at..].iter().collect::<String>()));
-        }
-        events.extend(parser.finish());
-        coalesce(events)
     }
 
     #[test]

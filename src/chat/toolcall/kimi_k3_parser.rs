@@ -489,11 +489,21 @@ fn parse_header(header: &str) -> (String, Vec<(String, String)>) {
     (name.to_string(), attrs)
 }
 
+impl super::StreamParser for K3StreamParser {
+    fn push(&mut self, delta: &str) -> Vec<ParseEvent> {
+        K3StreamParser::push(self, delta)
+    }
+    fn finish(&mut self) -> Vec<ParseEvent> {
+        K3StreamParser::finish(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::kimi_k3::escape_attr;
     use super::super::{render_k3, K3Options, Message, ToolCall};
     use super::*;
+    use crate::chat::toolcall::parse_in_pieces;
 
     /// A recorded-style K3 output after the thinking generation prompt.
     const OUTPUT: &str = "The user wants weather in Zürich.<|close|>think<|sep|>\n<|open|>response<|sep|>Checking two things.<|close|>response<|sep|>\
@@ -538,29 +548,6 @@ mod tests {
             },
             ParseEvent::ToolCallEnd { index: 2 },
         ]
-    }
-
-    fn parse_in_pieces(
-        mut parser: K3StreamParser,
-        text: &str,
-        sizes: impl Iterator<Item = usize>,
-    ) -> Vec<ParseEvent> {
-        let chars: Vec<char> = text.chars().collect();
-        let mut events = Vec::new();
-        let mut at = 0;
-        for size in sizes {
-            if at >= chars.len() {
-                break;
-            }
-            let end = (at + size.max(1)).min(chars.len());
-            events.extend(parser.push(&chars[at..end].iter().collect::<String>()));
-            at = end;
-        }
-        if at < chars.len() {
-            events.extend(parser.push(&chars[at..].iter().collect::<String>()));
-        }
-        events.extend(parser.finish());
-        coalesce(events)
     }
 
     #[test]

@@ -170,6 +170,42 @@ pub struct FunctionCall {
     pub arguments: String,
 }
 
+/// An incremental parser of one model's output format: text deltas in,
+/// [`ParseEvent`]s out, as soon as they are certain.
+pub trait StreamParser {
+    /// Feeds the next piece of output text.
+    fn push(&mut self, delta: &str) -> Vec<ParseEvent>;
+    /// Ends the output: what is still held back, and unterminated calls.
+    fn finish(&mut self) -> Vec<ParseEvent>;
+}
+
+/// Feeds `text` to `parser` cut after the given char counts (the rest in one
+/// piece) and coalesces the events: how the parsers' tests check that any
+/// cut gives the same result.
+#[cfg(test)]
+pub(crate) fn parse_in_pieces(
+    mut parser: impl StreamParser,
+    text: &str,
+    sizes: impl Iterator<Item = usize>,
+) -> Vec<ParseEvent> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut events = Vec::new();
+    let mut at = 0;
+    for size in sizes {
+        if at >= chars.len() {
+            break;
+        }
+        let end = (at + size.max(1)).min(chars.len());
+        events.extend(parser.push(&chars[at..end].iter().collect::<String>()));
+        at = end;
+    }
+    if at < chars.len() {
+        events.extend(parser.push(&chars[at..].iter().collect::<String>()));
+    }
+    events.extend(parser.finish());
+    coalesce(events)
+}
+
 /// What a stream parser recognised in the model's output.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ParseEvent {
