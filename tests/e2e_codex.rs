@@ -1,15 +1,20 @@
 //! Codex CLI (`@openai/codex` from npm) against the real `caracal serve`
-//! binary on the built-in default model: `codex exec` completes a turn with
-//! Caracal configured as a custom Responses provider
-//! (`tests/e2e/codex/config.toml`), once over the Responses WebSocket mode
-//! and once over plain HTTP SSE. The default model has random weights, so
-//! the answer is gibberish; what counts is that Codex accepts every event
-//! and exits 0, and that the server's `/metrics` show which transport
-//! carried the turn.
+//! binary: `codex exec` completes a turn with Caracal configured as a
+//! custom Responses provider (`tests/e2e/codex/config.toml`), once over the
+//! Responses WebSocket mode and once over plain HTTP SSE. Codex accepts a
+//! turn only when it ends in `response.completed`, so the server runs a
+//! trained model that stops by itself: SmolLM2-135M-Instruct, imported from
+//! the GGUF that `tools/fetch-models.sh` downloads (the built-in default
+//! model has random weights and runs to its token budget, which ends as
+//! `response.incomplete`). The config trims Codex's instructions and tools
+//! so its prompt fits SmolLM2's 8192-token context. What counts is that
+//! Codex accepts every event and exits 0, and that the server's `/metrics`
+//! show which transport carried the turn.
 //!
 //! Codex comes from `.e2e/node_modules/.bin/codex` (installed by `.ci/run`:
 //! `npm install --prefix .e2e @openai/codex@<version>`) or from
-//! `$CARACAL_E2E_CODEX`; without it the test skips with a note.
+//! `$CARACAL_E2E_CODEX`; without it, or without the GGUF, the test skips
+//! with a note.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -49,6 +54,30 @@ fn codex() -> Option<PathBuf> {
     }
 }
 
+/// SmolLM2-135M-Instruct imported into `dir`, or `None` with a note.
+fn smollm2(dir: &Path) -> Option<PathBuf> {
+    let gguf = std::env::var_os("CARACAL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".cache/models"))
+        .join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !gguf.is_file() {
+        eprintln!(
+            "note: skipping the Codex end-to-end test: no {} (run tools/fetch-models.sh)",
+            gguf.display()
+        );
+        return None;
+    }
+    let out = dir.join("smollm2");
+    let status = Command::new(env!("CARGO_BIN_EXE_caracal"))
+        .arg("import-gguf")
+        .arg(&gguf)
+        .arg(&out)
+        .status()
+        .expect("run caracal import-gguf");
+    assert!(status.success(), "import-gguf failed: {status}");
+    Some(out)
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -65,11 +94,13 @@ struct Server {
 }
 
 impl Server {
-    fn start() -> Server {
+    fn start(model: &Path) -> Server {
         let port = free_port();
         let mut child = Command::new(env!("CARGO_BIN_EXE_caracal"))
             .args(["serve", "--port", &port.to_string()])
-            .args(["--served-model-name", "kimi-k3-tiny"])
+            .arg("--model")
+            .arg(model)
+            .args(["--served-model-name", "caracal-e2e"])
             .env("RUST_LOG", "caracal=debug")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -186,8 +217,10 @@ fn codex_home(port: u16, websockets: bool) -> Scratch {
     let home = Scratch::new(if websockets { "home-ws" } else { "home-http" });
     let template =
         std::fs::read_to_string(root().join("tests/e2e/codex/config.toml")).expect("the config");
+    let instructions = root().join("tests/e2e/codex/instructions.md");
     let config = template
         .replace("@BASE_URL@", &format!("http://127.0.0.1:{port}/v1"))
+        .replace("@INSTRUCTIONS@", &instructions.display().to_string())
         .replace("@WEBSOCKETS@", if websockets { "true" } else { "false" });
     std::fs::write(home.path().join("config.toml"), config).expect("write config.toml");
     home
@@ -204,7 +237,7 @@ fn codex_exec(bin: &Path, home: &Path) -> (bool, String) {
             "--color",
             "never",
         ])
-        .args(["--model", "kimi-k3-tiny", "say hi"])
+        .args(["--model", "caracal-e2e", "say hi"])
         .current_dir(work.path())
         .env("CODEX_HOME", home)
         .env_remove("OPENAI_API_KEY")
@@ -251,7 +284,11 @@ fn codex_exec_completes_a_turn_over_websocket_and_http() {
     let Some(bin) = codex() else {
         return;
     };
-    let mut server = Server::start();
+    let models = Scratch::new("models");
+    let Some(model) = smollm2(models.path()) else {
+        return;
+    };
+    let mut server = Server::start(&model);
 
     // WebSocket mode: a prewarm `generate: false` create and the turn,
     // chained by `previous_response_id` on one connection.
