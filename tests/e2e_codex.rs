@@ -237,7 +237,7 @@ fn codex_exec(bin: &Path, home: &Path) -> (bool, String) {
             "--color",
             "never",
         ])
-        .args(["--model", "caracal-e2e", "say hi"])
+        .args(["--model", "caracal-e2e", "Reply with the single word: hi"])
         .current_dir(work.path())
         .env("CODEX_HOME", home)
         .env_remove("OPENAI_API_KEY")
