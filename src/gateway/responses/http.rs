@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::compat::normalize;
 use super::store::InflightResponses;
 use super::turn::{begin, prepare};
 use super::types::{parse_request, previous_not_found};
@@ -36,7 +37,8 @@ pub async fn create(State(state): State<Arc<AppState>>, body: Body) -> Response 
 }
 
 async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
-    let obj = read_json(&state, body).await?;
+    let mut obj = read_json(&state, body).await?;
+    let custom = normalize(&mut obj);
     let req = parse_request(&state, &obj, false)?;
     let prev = match &req.previous_response_id {
         Some(id) => Some(state.store.get(id).ok_or_else(|| previous_not_found(id))?),
@@ -51,9 +53,12 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
     let running = begin(&state, turn, session, Some(cancel)).await?;
     let (tx, mut events) = mpsc::channel::<Value>(SSE_BUFFER);
     let st = state.clone();
+    let custom_final = custom.clone();
     let driver = tokio::spawn(async move {
-        let outcome = running.drive(&st, &tx).await;
-        if let Some(stored) = outcome.stored.filter(|_| store) {
+        let mut outcome = running.drive(&st, &tx).await;
+        custom_final.response(&mut outcome.response);
+        if let Some(mut stored) = outcome.stored.filter(|_| store) {
+            custom_final.response(&mut stored.object);
             st.store.put(
                 &stored.object["id"].as_str().unwrap_or_default().to_string(),
                 stored,
@@ -73,7 +78,11 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
     }
     let (frames_tx, frames) = mpsc::channel::<Bytes>(SSE_BUFFER);
     tokio::spawn(async move {
-        while let Some(ev) = events.recv().await {
+        let mut custom_items = std::collections::HashSet::new();
+        while let Some(mut ev) = events.recv().await {
+            if !custom.event(&mut ev, &mut custom_items) {
+                continue;
+            }
             let kind = ev["type"].as_str().unwrap_or("message").to_string();
             if frames_tx.send(sse_frame(Some(&kind), &ev)).await.is_err() {
                 return;

@@ -35,6 +35,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
 
+use super::compat::{normalize, CustomTools};
 use super::events::ResponseBuilder;
 use super::store::ResponseStore;
 use super::turn::{begin, prepare};
@@ -128,7 +129,7 @@ pub struct Session {
     /// This connection's responses, for `previous_response_id`.
     chain: Arc<ResponseStore>,
     /// Lane queues by `stream_id` (`""` is the default lane).
-    lanes: HashMap<String, (mpsc::Sender<ResponseRequest>, JoinHandle<()>)>,
+    lanes: HashMap<String, (mpsc::Sender<(ResponseRequest, CustomTools)>, JoinHandle<()>)>,
     /// Requests queued or running.
     active: Arc<AtomicUsize>,
     /// Holds a `--max-sessions` slot.
@@ -237,11 +238,11 @@ impl Session {
         if text.len() > self.state.config.max_message_bytes {
             return send_err(too_large("the message"), None).await;
         }
-        let v: Value = match serde_json::from_str(text) {
+        let mut v: Value = match serde_json::from_str(text) {
             Ok(v) => v,
             Err(e) => return send_err(ApiError::invalid_json(e), None).await,
         };
-        let Some(obj) = v.as_object() else {
+        let Some(obj) = v.as_object_mut() else {
             return send_err(
                 ApiError::invalid("invalid_type", None, "an event must be a JSON object"),
                 None,
@@ -258,9 +259,10 @@ impl Session {
                 if self.state.shutdown.is_shutting_down() {
                     return send_err(ApiError::shutting_down(), lane_id.as_deref()).await;
                 }
+                let custom = normalize(obj);
                 match parse_request(&self.state, obj, true) {
                     Ok(req) => {
-                        if let Err(e) = self.enqueue(req, out) {
+                        if let Err(e) = self.enqueue(req, custom, out) {
                             send_err(e, lane_id.as_deref()).await
                         }
                     }
@@ -288,6 +290,7 @@ impl Session {
     fn enqueue(
         &mut self,
         req: ResponseRequest,
+        custom: CustomTools,
         out: &mpsc::Sender<Outgoing>,
     ) -> Result<(), ApiError> {
         let key = req.stream_id.clone().unwrap_or_default();
@@ -318,7 +321,7 @@ impl Session {
         }
         let (tx, _) = &self.lanes[&key];
         self.active.fetch_add(1, Ordering::Relaxed);
-        tx.try_send(req).map_err(|_| {
+        tx.try_send((req, custom)).map_err(|_| {
             self.active.fetch_sub(1, Ordering::Relaxed);
             ApiError {
                 status: 429,
@@ -359,9 +362,9 @@ struct Lane {
 }
 
 impl Lane {
-    async fn run(self, mut rx: mpsc::Receiver<ResponseRequest>) {
-        while let Some(req) = rx.recv().await {
-            self.turn(req).await;
+    async fn run(self, mut rx: mpsc::Receiver<(ResponseRequest, CustomTools)>) {
+        while let Some((req, custom)) = rx.recv().await {
+            self.turn(req, &custom).await;
             self.active.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -374,7 +377,7 @@ impl Lane {
         let _ = self.out.send(Outgoing::Event(ev)).await;
     }
 
-    async fn turn(&self, req: ResponseRequest) {
+    async fn turn(&self, req: ResponseRequest, custom: &CustomTools) {
         let lane = req.stream_id.clone();
         let lane = lane.as_deref();
         let parent_id = req.previous_response_id.clone();
@@ -411,8 +414,11 @@ impl Lane {
         };
         let (tx, mut rx) = mpsc::channel::<Value>(OUT_BUFFER);
         let forward = async {
-            while let Some(ev) = rx.recv().await {
-                self.emit(ev, lane).await;
+            let mut custom_items = std::collections::HashSet::new();
+            while let Some(mut ev) = rx.recv().await {
+                if custom.event(&mut ev, &mut custom_items) {
+                    self.emit(ev, lane).await;
+                }
             }
         };
         let drive = async move {
@@ -422,7 +428,8 @@ impl Lane {
         };
         let (outcome, ()) = tokio::join!(drive, forward);
         match outcome.stored {
-            Some(stored) => {
+            Some(mut stored) => {
+                custom.response(&mut stored.object);
                 let id = stored.object["id"].as_str().unwrap_or_default().to_string();
                 if store {
                     self.state.store.put(&id, stored.clone());
