@@ -23,7 +23,8 @@ fast path; `--caracal-format bf16` serves the import as is.
 Prints a table with the ratios Caracal / llama-server and the CPU pressure
 (/proc/pressure/cpu) at start and end; writes bench/.work/serving.json.
 Needs llama-server in bench/.work/llama.cpp-build/bin (bench/build-llama-cpp.sh)
-and a release build of caracal (`cargo build --release`; CARACAL_BIN overrides).
+and a release build of caracal (`cargo build --release`; CARACAL_BIN overrides it,
+CARACAL_BENCH_BIN the binary that runs `caracal bench --url`).
 
 Usage: bench/serving.py [--num-prompts 16] [--threads 2] [--quick]
 """
@@ -136,7 +137,9 @@ class Server:
 
 
 def bench(cbin, url, args):
-    out = run([cbin, "bench", "--url", url, "--json", *args])
+    # The load generator may be another build than the server (CARACAL_BENCH_BIN).
+    client = os.environ.get("CARACAL_BENCH_BIN", cbin)
+    out = run([client, "bench", "--url", url, "--json", *args])
     return json.loads(out)
 
 
