@@ -201,7 +201,7 @@ def table(res):
     if o:
         lines.append(f"gateway overhead: 256-token stream over HTTP {o['http_median']:.1f} tok/s vs "
                      f"in-process generate {o['generate_median']:.1f} tok/s = {o['ratio']:.3f}x "
-                     f"({(1 - o['ratio']) * 100:+.1f}% slower)")
+                     f"(HTTP {(o['ratio'] - 1) * 100:+.1f}% vs generate)")
     return "\n".join(lines)
 
 
