@@ -1,7 +1,12 @@
-//! `caracal bench`: a load generator for the runtime (in-process for now;
-//! against a server once it exists). Reports time to first token,
-//! inter-token latency, throughput and cache hit rate, and compares
-//! concurrency levels and cached-history follow-ups side by side in one run.
+//! `caracal bench`: a load generator. Without `--url` it drives the runtime
+//! in-process and reports time to first token, inter-token latency,
+//! throughput and cache hit rate, comparing concurrency levels and
+//! cached-history follow-ups side by side in one run. With `--url` it
+//! loads any OpenAI-compatible server over HTTP instead ([`load`]: the
+//! serving and agent-loop scenarios; [`client`]: the streamed requests).
+
+mod client;
+mod load;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,13 +25,20 @@ use super::engine_args::EngineArgs;
 /// Arguments of `caracal bench`.
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Checkpoint folder; default: the built-in tiny Kimi K3 (random weights).
+    /// Load this OpenAI-compatible server over HTTP (e.g. http://127.0.0.1:8000)
+    /// instead of the runtime in-process.
     #[arg(long)]
-    model: Option<PathBuf>,
+    url: Option<String>,
+    /// In-process: checkpoint folder (default: the built-in tiny Kimi K3 with
+    /// random weights). With --url: the model name to send (default: the
+    /// first of GET /v1/models).
+    #[arg(long)]
+    model: Option<String>,
     /// Requests per concurrency level.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long = "num-prompts", alias = "requests", default_value_t = 16)]
     requests: usize,
-    /// Prompt tokens per request (random ids).
+    /// Prompt length: random token ids in-process, random words with --url
+    /// (the server's own prompt token counts are reported).
     #[arg(long, default_value_t = 128)]
     input_len: usize,
     /// Generated tokens per request (EOS ignored).
@@ -35,6 +47,31 @@ pub struct BenchArgs {
     /// Concurrency levels to run, comma-separated; ratios are against the first.
     #[arg(long, value_delimiter = ',', default_value = "1,8")]
     concurrency: Vec<usize>,
+    /// With --url: request arrivals per second (Poisson); inf sends them all at once.
+    #[arg(long, default_value_t = f64::INFINITY)]
+    request_rate: f64,
+    /// With --url: the endpoint to call.
+    #[arg(long, value_enum, default_value = "chat")]
+    endpoint: load::Endpoint,
+    /// With --url: `Authorization: Bearer KEY`.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// With --url: independent requests (serving) or multi-turn sessions
+    /// appending tool results (agent-loop).
+    #[arg(long, value_enum, default_value = "serving")]
+    scenario: load::Scenario,
+    /// agent-loop: sessions at once.
+    #[arg(long, default_value_t = 16)]
+    sessions: usize,
+    /// agent-loop: turns per session.
+    #[arg(long, default_value_t = 6)]
+    turns: usize,
+    /// agent-loop: words of each tool result.
+    #[arg(long, default_value_t = 64)]
+    tool_result_len: usize,
+    /// With --url: let the server stop at EOS (default: `ignore_eos: true`).
+    #[arg(long)]
+    disable_ignore_eos: bool,
     /// Also measure a follow-up turn after this many tokens of cached history
     /// (vs the same new tokens without history); 0 skips it.
     #[arg(long, default_value_t = 0)]
@@ -194,7 +231,27 @@ async fn run_level(
 
 /// Runs `caracal bench`.
 pub fn run(a: BenchArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> {
-    let model_dir = super::model_dir(a.model.clone())?;
+    if let Some(url) = a.url.clone() {
+        return load::run(load::LoadConfig {
+            url,
+            api_key: a.api_key,
+            model: a.model,
+            endpoint: a.endpoint,
+            scenario: a.scenario,
+            num_prompts: a.requests,
+            input_len: a.input_len,
+            output_len: a.output_len,
+            concurrency: a.concurrency,
+            request_rate: a.request_rate,
+            sessions: a.sessions,
+            turns: a.turns,
+            tool_result_len: a.tool_result_len,
+            ignore_eos: !a.disable_ignore_eos,
+            seed: a.seed,
+            json: a.json,
+        });
+    }
+    let model_dir = super::model_dir(a.model.clone().map(PathBuf::from))?;
     let loaded = super::load_model(&model_dir, load)?;
     let model: Arc<dyn CausalLm> = Arc::from(loaded.model);
     let info = model.info().clone();
