@@ -44,11 +44,11 @@ fi
 
 build="$work/llama.cpp-build"
 export PATH="$work/venv/bin:$PATH"
-if [ ! -f "$build/build.ninja" ]; then
+if [ ! -f "$build/build.ninja" ] || ! grep -q "LLAMA_BUILD_SERVER:BOOL=ON" "$build/CMakeCache.txt"; then
     echo "== configure"
     cmake -S "$src/vendor/llama.cpp" -B "$build" -G Ninja \
         -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF \
+        -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DGGML_NATIVE=OFF \
         -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \
         -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
         -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
@@ -56,7 +56,7 @@ fi
 
 echo "== build (-j$jobs)"
 cmake --build "$build" -j "$jobs" \
-    --target llama-bench llama-perplexity llama-quantize llama-completion llama-tokenize
+    --target llama-bench llama-perplexity llama-quantize llama-completion llama-tokenize llama-server
 
 echo "== done: binaries in $build/bin"
 ls -1 "$build/bin"
