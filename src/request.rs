@@ -9,6 +9,9 @@ use caracal_actors::messages::{StopConditions, ValidRequest};
 use caracal_kernels::sampling::SamplingParams;
 use serde::Deserialize;
 
+use crate::constrain::{CompileError, ConstraintSpec, ToolFormat, ToolsSpec};
+use crate::text::tokenizer::ChatFormat;
+
 use crate::text::tokenizer::TextTokenizer;
 
 /// Largest `max_tokens` a request may ask for.
@@ -48,6 +51,14 @@ pub struct RequestSpec {
     pub ignore_eos: Option<bool>,
     /// Session key for fairness and cache pinning.
     pub session: Option<String>,
+    /// Function tools (Chat Completions shape) whose calls are constrained.
+    pub tools: Option<serde_json::Value>,
+    /// `auto` (default), `none`, `required`, or `{"type":"function","function":{"name"}}`.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Several calls in one output (default true).
+    pub parallel_tool_calls: Option<bool>,
+    /// `{"type":"json_schema","json_schema":{"schema"}}` or `{"type":"json_object"}`.
+    pub response_format: Option<serde_json::Value>,
 }
 
 /// `stop` as a single string or a list.
@@ -116,6 +127,12 @@ pub enum ValidationError {
         got: i64,
     },
     /// Too many stop strings, or an empty one.
+    /// `tools`, `tool_choice` or `response_format` cannot be constrained.
+    #[error("{0}")]
+    Constraint(#[from] CompileError),
+    /// Both `tools` (callable) and `response_format` were given.
+    #[error("give either callable `tools` or a constrained `response_format`, not both")]
+    ToolsAndFormat,
     #[error("`stop` takes at most {limit} non-empty strings")]
     StopStrings {
         /// Most stop strings.
@@ -136,6 +153,11 @@ impl ValidationError {
             ValidationError::OutOfRange { field, .. } => field,
             ValidationError::TopK { .. } => "top_k",
             ValidationError::StopStrings { .. } => "stop",
+            ValidationError::Constraint(CompileError::InvalidField { field, .. }) => field,
+            ValidationError::Constraint(
+                CompileError::InvalidTool { .. } | CompileError::UnknownTool { .. },
+            ) => "tools",
+            ValidationError::Constraint(_) | ValidationError::ToolsAndFormat => "response_format",
         })
     }
 
@@ -145,6 +167,7 @@ impl ValidationError {
             ValidationError::ContextLength { .. } => "context_length_exceeded",
             ValidationError::PromptAndIds | ValidationError::NoPrompt => "invalid_request",
             ValidationError::NoTokenizer => "unsupported",
+            ValidationError::Constraint(e) => e.kind(),
             _ => "invalid_value",
         }
     }
@@ -174,7 +197,53 @@ fn range(
     Ok(())
 }
 
+/// The tool-call format of a model with this tokenizer (its chat format):
+/// Kimi K3 XTML (thinking as K3's default prompt opens it), Kimi K2
+/// sections, Hermes `<tool_call>` JSON for Jinja templates.
+pub fn tool_format_for(tokenizer: &TextTokenizer) -> Option<ToolFormat> {
+    Some(match tokenizer.chat_format()? {
+        ChatFormat::KimiK3 => ToolFormat::KimiK3 {
+            thinking: crate::chat::toolcall::K3Options::default().thinking,
+        },
+        ChatFormat::KimiK2 => ToolFormat::KimiK2 {
+            first_call_index: 0,
+            thinking: false,
+        },
+        ChatFormat::Jinja(_) => ToolFormat::Hermes,
+    })
+}
+
 impl RequestSpec {
+    /// What `tools` / `tool_choice` / `parallel_tool_calls` /
+    /// `response_format` ask to constrain, in the model's tool `format`;
+    /// `None` when nothing is.
+    pub fn constraint_spec(
+        &self,
+        format: Option<ToolFormat>,
+    ) -> Result<Option<ConstraintSpec>, ValidationError> {
+        let output = ConstraintSpec::from_response_format(self.response_format.as_ref())?;
+        let tools = match format {
+            Some(format) => ToolsSpec::from_openai(
+                self.tools.as_ref(),
+                self.tool_choice.as_ref(),
+                self.parallel_tool_calls,
+                format,
+            )?,
+            None if self.tools.is_some() => {
+                return Err(CompileError::Tokenizer(
+                    "the model has no chat format, so no tool-call format".into(),
+                )
+                .into())
+            }
+            None => None,
+        };
+        match (output, tools) {
+            (Some(_), Some(_)) => Err(ValidationError::ToolsAndFormat),
+            (Some(o), None) => Ok(Some(o)),
+            (None, t) => Ok(t.map(ConstraintSpec::Tools)),
+        }
+    }
+
     /// Checks every field and tokenizes the prompt.
     pub fn validate(
         &self,

@@ -20,6 +20,8 @@
 //! ```
 //!
 //! Modules:
+//! - [`constraint`]: the per-sequence grammar capability ([`constraint::Constraint`])
+//!   the scheduler masks, consumes and jumps forward with.
 //! - [`engine`]: the model interface the scheduler drives ([`engine::CausalLm`]).
 //! - [`messages`]: every cross-thread message, and nothing else.
 //! - [`scheduler`]: continuous batching, chunked prefill, sampling,
@@ -35,6 +37,7 @@
 //! - [`runtime`]: starts the threads and hands out an [`runtime::Engine`] handle.
 
 pub mod admission;
+pub mod constraint;
 pub mod engine;
 pub mod expert_shard;
 pub mod messages;

@@ -16,6 +16,8 @@ use actix::Message;
 use caracal_kernels::sampling::SamplingParams;
 use tokio::sync::mpsc;
 
+use crate::constraint::SeqConstraint;
+
 /// Identifies one request inside the scheduler (assigned when it is submitted).
 pub type RequestId = u64;
 
@@ -100,6 +102,9 @@ pub enum ErrorKind {
     EngineStopped,
     /// The model failed while running the request.
     InternalError,
+    /// The request's grammar could not continue (its constraint failed);
+    /// only that request ends.
+    ConstraintViolation,
 }
 
 impl ErrorKind {
@@ -113,6 +118,7 @@ impl ErrorKind {
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::EngineStopped => "engine_stopped",
             ErrorKind::InternalError => "internal_error",
+            ErrorKind::ConstraintViolation => "constraint_violation",
         }
     }
 }
@@ -279,6 +285,8 @@ pub struct AdmitRequest {
     pub request: ValidRequest,
     /// Where its events go; dropping the receiver cancels the request.
     pub events: mpsc::Sender<TokenEvent>,
+    /// The grammar its output must follow, if any.
+    pub constraint: Option<SeqConstraint>,
 }
 
 /// Scheduler command: stop a request now; nothing it produced is cached.
@@ -318,8 +326,13 @@ pub struct SchedulerStats {
     pub steps: u64,
     /// Prompt tokens computed (not served from cache).
     pub prefill_tokens: u64,
-    /// Tokens generated.
+    /// Tokens generated (sampled and forced).
     pub generated_tokens: u64,
+    /// Generated tokens a grammar forced (jump-forward), appended without
+    /// a forward step of their own.
+    pub forced_tokens: u64,
+    /// Requests ended by their grammar failing (`constraint_violation`).
+    pub constraint_failures: u64,
     /// Requests cancelled by their client.
     pub cancelled: u64,
     /// Requests finished.

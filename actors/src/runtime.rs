@@ -28,6 +28,7 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::watch;
 
 use crate::admission::AdmissionGate;
+use crate::constraint::SeqConstraint;
 use crate::engine::{CausalLm, Detokenize, ModelInfo};
 use crate::expert_shard::ShardedExperts;
 use crate::messages::{
@@ -146,9 +147,18 @@ impl Engine {
     /// Queues a request without waiting for the scheduler: refused at once
     /// when it is invalid or `max_waiting_requests` are already waiting.
     pub fn try_submit(&self, request: ValidRequest) -> Result<Submission, SubmitError> {
+        self.try_submit_with(request, None)
+    }
+
+    /// [`Engine::try_submit`] with a constraint on the request's output.
+    pub fn try_submit_with(
+        &self,
+        request: ValidRequest,
+        constraint: Option<SeqConstraint>,
+    ) -> Result<Submission, SubmitError> {
         validate_request(&request, &self.info)?;
         self.gate.try_acquire()?;
-        let (id, cmd, events) = self.admit_command(request);
+        let (id, cmd, events) = self.admit_command(request, constraint);
         match self.commands.try_send(cmd) {
             Ok(()) => Ok(Submission { id, events }),
             Err(e) => {
@@ -178,9 +188,18 @@ impl Engine {
     /// instead of answering "overloaded": for offline callers that hand
     /// over more requests than may wait at once (`caracal batch`).
     pub async fn submit_queued(&self, request: ValidRequest) -> Result<Submission, SubmitError> {
+        self.submit_queued_with(request, None).await
+    }
+
+    /// [`Engine::submit_queued`] with a constraint on the request's output.
+    pub async fn submit_queued_with(
+        &self,
+        request: ValidRequest,
+        constraint: Option<SeqConstraint>,
+    ) -> Result<Submission, SubmitError> {
         validate_request(&request, &self.info)?;
         self.gate.acquire().await?;
-        let (id, cmd, events) = self.admit_command(request);
+        let (id, cmd, events) = self.admit_command(request, constraint);
         if self.commands.send(cmd).await.is_err() {
             self.gate.release(1);
             return Err(SubmitError::Stopped);
@@ -192,6 +211,7 @@ impl Engine {
     fn admit_command(
         &self,
         request: ValidRequest,
+        constraint: Option<SeqConstraint>,
     ) -> (RequestId, SchedulerCommand, mpsc::Receiver<TokenEvent>) {
         let id = self.gate.next_id();
         let (tx, rx) = mpsc::channel(self.credit);
@@ -199,6 +219,7 @@ impl Engine {
             id,
             request,
             events: tx,
+            constraint,
         });
         (id, cmd, rx)
     }

@@ -1,5 +1,9 @@
 //! `caracal batch`: offline inference through the runtime (vLLM's offline
 //! mode). Every request is submitted at once; continuous batching runs them.
+//! Lines with `tools` / `tool_choice` / `parallel_tool_calls` or
+//! `response_format` are constrained like the server's requests (tool calls
+//! in the model's own format, JSON matching the schema); the model's
+//! constraint factory is built once, when some line asks for one.
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -8,8 +12,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use caracal::models::CausalLm;
-use caracal::request::RequestSpec;
-use caracal_actors::messages::{ErrorKind, TokenEvent};
+use caracal::request::{tool_format_for, RequestSpec};
+use caracal_actors::constraint::SeqConstraint;
+use caracal_actors::messages::{ErrorKind, TokenEvent, ValidRequest};
 use caracal_actors::runtime::Engine;
 use clap::Args;
 use serde_json::{json, Value};
@@ -22,7 +27,8 @@ pub struct BatchArgs {
     /// Checkpoint folder; default: the built-in tiny Kimi K3 (random weights).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// JSONL file, one request per line (`prompt` or `prompt_ids`, `max_tokens`, sampling fields).
+    /// JSONL file, one request per line (`prompt` or `prompt_ids`, `max_tokens`, sampling fields,
+    /// `tools`, `tool_choice`, `parallel_tool_calls`, `response_format`).
     #[arg(long)]
     input: PathBuf,
     /// Where to write one JSON line per request, in input order (default: stdout).
@@ -34,7 +40,8 @@ pub struct BatchArgs {
 
 /// Runs `caracal batch`.
 pub fn run(a: BatchArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> {
-    let loaded = super::load_model(&super::model_dir(a.model.clone())?, load)?;
+    let dir = super::model_dir(a.model.clone())?;
+    let loaded = super::load_model(&dir, load)?;
     let file =
         std::fs::File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
     let lines: Vec<String> = std::io::BufReader::new(file)
@@ -49,19 +56,45 @@ pub fn run(a: BatchArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
         if line.trim().is_empty() {
             continue;
         }
+        let format = tokenizer.as_deref().and_then(tool_format_for);
         let parsed = serde_json::from_str::<RequestSpec>(line)
             .map_err(|e| format!("line {}: invalid request JSON: {e}", i + 1))
             .and_then(|s| {
-                s.validate(
+                let valid = s.validate(
                     tokenizer.as_deref(),
                     info.vocab_size,
                     info.max_position,
                     &info.eos_ids,
-                )
-                .map_err(|e| format!("line {}: {e}", i + 1))
+                );
+                valid
+                    .and_then(|v| Ok((v, s.constraint_spec(format)?)))
+                    .map_err(|e| format!("line {}: {e}", i + 1))
             });
         specs.push(parsed);
     }
+    let wants_constraint = specs.iter().any(|s| matches!(s, Ok((_, Some(_)))));
+    let factory = if wants_constraint {
+        super::serve::constraint_factory(&dir, tokenizer.as_ref(), info.vocab_size)
+    } else {
+        None
+    };
+    let specs: Vec<Result<(ValidRequest, Option<SeqConstraint>), String>> = specs
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (req, spec) = s?;
+            let Some(spec) = spec else {
+                return Ok((req, None));
+            };
+            let f = factory
+                .as_ref()
+                .ok_or_else(|| format!("line {}: this model cannot be constrained", i + 1))?;
+            let c = f
+                .compile_boxed(&spec)
+                .map_err(|e| format!("line {}: {} ({})", i + 1, e, e.kind()))?;
+            Ok((req, Some(SeqConstraint::new(c))))
+        })
+        .collect();
     let cfg = a.engine.config();
     let detok = tokenizer
         .clone()
@@ -76,9 +109,9 @@ pub fn run(a: BatchArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
         let engine = &engine;
         let collect = specs.into_iter().map(|spec| async move {
             let (prompt_tokens, mut rx) = match spec {
-                Ok(req) => {
+                Ok((req, constraint)) => {
                     let prompt_tokens = req.prompt.len();
-                    match engine.submit_queued(req).await {
+                    match engine.submit_queued_with(req, constraint).await {
                         Ok(sub) => (prompt_tokens, sub.events),
                         Err(e) => return error_line(e.kind(), e.to_string()),
                     }

@@ -1,4 +1,12 @@
 //! `caracal generate`: one prompt in, tokens out (text or JSON).
+//!
+//! With `--json-schema FILE` the output is one JSON value matching the
+//! schema; with `--tools FILE` (a Chat Completions `tools` array) and
+//! `--tool-choice required|auto|NAME` the model's tool calls are
+//! constrained to those tools in its own format (the tools are rendered
+//! into the prompt with `--chat`). Constrained runs go through the
+//! runtime's scheduler, where the constraint is applied; plain runs use the
+//! direct decode loop.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -6,10 +14,19 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Result};
 use caracal::chat::toolcall::{render_k2, render_k3, K3Options, Message};
 use caracal::chat::{render, ChatMessage};
+use std::sync::Arc;
+
+use caracal::constrain::{ConstraintSpec, ToolFormat, ToolsSpec};
 use caracal::generate::{generate, GenerateRequest};
-use caracal::text::tokenizer::{ChatFormat, StreamDecoder};
+use caracal::models::CausalLm;
+use caracal::request::tool_format_for;
+use caracal::text::tokenizer::{ChatFormat, StreamDecoder, TextTokenizer};
+use caracal_actors::constraint::SeqConstraint;
+use caracal_actors::messages::{StopConditions, TokenEvent, ValidRequest};
+use caracal_actors::runtime::{Engine, EngineConfig};
 use caracal_kernels::sampling::SamplingParams;
 use clap::Args;
+use serde_json::{json, Value};
 
 /// Arguments of `caracal generate`.
 #[derive(Args)]
@@ -48,6 +65,23 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// JSON schema file: the output is one JSON value matching it.
+    #[arg(long, conflicts_with = "tools")]
+    json_schema: Option<PathBuf>,
+    /// Tools file (a Chat Completions `tools` array): tool calls are
+    /// constrained to these tools and their parameter schemas.
+    #[arg(long)]
+    tools: Option<PathBuf>,
+    /// With --tools: `required`, `auto` (free text until a call opens) or a tool name.
+    #[arg(long, default_value = "auto", requires = "tools")]
+    tool_choice: String,
+}
+
+/// Reads a JSON file named by a flag.
+fn read_json_file(flag: &str, path: &std::path::Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| anyhow!("{flag} {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| anyhow!("{flag} {}: not JSON: {e}", path.display()))
 }
 
 /// Runs `caracal generate`.
@@ -61,6 +95,22 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
     let model_dir = super::model_dir(a.model.clone())?;
     let loaded = super::load_model(&model_dir, load)?;
     let tok = loaded.tokenizer.as_ref();
+    let schema = match &a.json_schema {
+        Some(p) => Some(read_json_file("--json-schema", p)?),
+        None => None,
+    };
+    let tools = match &a.tools {
+        Some(p) => match read_json_file("--tools", p)? {
+            Value::Array(list) => Some(list),
+            _ => bail!("--tools: the file must hold a JSON array of tools"),
+        },
+        None => None,
+    };
+    // Constrained output starts at once (no reasoning channel first).
+    let k3 = K3Options {
+        thinking: schema.is_none() && tools.is_none() && K3Options::default().thinking,
+        ..K3Options::default()
+    };
     let prompt_ids = match (&a.prompt, &a.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {
@@ -75,19 +125,16 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
                     Some(ChatFormat::Jinja(template)) => render(
                         &template,
                         &[ChatMessage::new("user", text)],
-                        None,
+                        tools.clone().map(Value::Array).as_ref(),
                         true,
                         tok.bos_token.as_deref(),
                         tok.eos_token.as_deref(),
                     )?,
-                    Some(ChatFormat::KimiK3) => render_k3(
-                        &[Message::text("user", text)],
-                        None,
-                        true,
-                        &K3Options::default(),
-                    )?,
+                    Some(ChatFormat::KimiK3) => {
+                        render_k3(&[Message::text("user", text)], tools.as_deref(), true, &k3)?
+                    }
                     Some(ChatFormat::KimiK2) => {
-                        render_k2(&[Message::text("user", text)], None, true)
+                        render_k2(&[Message::text("user", text)], tools.as_deref(), true)
                     }
                     None => bail!("{} has no chat template", model_dir.display()),
                 };
@@ -118,6 +165,33 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
             loaded.model.info().eos_ids.clone()
         },
     };
+    let spec = match (schema, tools) {
+        (Some(s), _) => Some(ConstraintSpec::Json(s)),
+        (None, Some(list)) => {
+            let tok = tok.ok_or_else(|| anyhow!("--tools needs a model with a tokenizer"))?;
+            let format = match tool_format_for(tok) {
+                Some(ToolFormat::KimiK3 { .. }) => ToolFormat::KimiK3 {
+                    thinking: k3.thinking,
+                },
+                Some(f) => f,
+                None => bail!("--tools needs a model with a chat format"),
+            };
+            let choice = match a.tool_choice.as_str() {
+                "auto" | "required" | "none" => json!(a.tool_choice),
+                name => json!({"type": "function", "function": {"name": name}}),
+            };
+            ToolsSpec::from_openai(Some(&Value::Array(list)), Some(&choice), None, format)
+                .map_err(|e| anyhow!("--tools: {e} ({})", e.kind()))?
+                .map(ConstraintSpec::Tools)
+        }
+        (None, None) => None,
+    };
+    if let Some(spec) = spec {
+        let tok = loaded
+            .tokenizer
+            .ok_or_else(|| anyhow!("constrained output needs a tokenizer"))?;
+        return constrained(a.json, &model_dir, loaded.model, tok, req, &spec);
+    }
     let mut stdout = std::io::stdout();
     let mut stream = StreamDecoder::new();
     let gen = generate(loaded.model.as_ref(), &req, |id| {
@@ -153,6 +227,69 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
             gen.token_ids.len(),
             gen.decode_tokens_per_s,
             gen.finish_reason
+        );
+    }
+    Ok(())
+}
+
+/// Runs one constrained generation through the runtime and prints it.
+fn constrained(
+    as_json: bool,
+    dir: &std::path::Path,
+    model: Box<dyn CausalLm>,
+    tok: TextTokenizer,
+    req: GenerateRequest,
+    spec: &ConstraintSpec,
+) -> Result<()> {
+    let tok = Arc::new(tok);
+    let model: Arc<dyn CausalLm> = Arc::from(model);
+    let factory = super::serve::constraint_factory(dir, Some(&tok), model.info().vocab_size)
+        .ok_or_else(|| anyhow!("this model's tokenizer gives no token trie"))?;
+    let constraint = factory
+        .compile_boxed(spec)
+        .map_err(|e| anyhow!("{e} ({})", e.kind()))?;
+    let valid = ValidRequest {
+        session: None,
+        prompt: req.prompt_ids.clone(),
+        cache_key: None,
+        max_tokens: req.max_tokens,
+        sampling: req.sampling.clone(),
+        stop: StopConditions {
+            ids: req.stop_ids.clone(),
+            strings: Vec::new(),
+        },
+    };
+    let sys = actix::System::new();
+    let t0 = std::time::Instant::now();
+    let (ids, finish) = sys.block_on(async move {
+        let engine = Engine::start(model, EngineConfig::default(), None);
+        let mut rx = engine
+            .submit_queued_with(valid, Some(SeqConstraint::new(constraint)))
+            .await
+            .map_err(|e| anyhow!("{e}"))?
+            .events;
+        let mut ids = Vec::new();
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                TokenEvent::Token { id } => ids.push(id),
+                TokenEvent::Finished { reason, .. } => return Ok((ids, reason.as_str())),
+                TokenEvent::Error { kind, message } => bail!("{kind}: {message}"),
+            }
+        }
+        bail!("the engine closed the stream")
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    let text = tok.decode(&ids, false)?;
+    if as_json {
+        let v = json!({"token_ids": ids, "text": text, "finish_reason": finish,
+                       "prompt_tokens": req.prompt_ids.len(), "model": dir.display().to_string()});
+        println!("{}", serde_json::to_string(&v)?);
+    } else {
+        println!("{text}");
+        eprintln!(
+            "prompt {} tokens; generated {} tokens in {secs:.2} s (constrained); finish: {finish}",
+            req.prompt_ids.len(),
+            ids.len()
         );
     }
     Ok(())

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use caracal::constrain::{ConstraintFactory, TokenEnv};
+use caracal::gateway::engine::ConstraintSetup;
 use caracal::gateway::{self, EngineHost, Gateway, GatewayConfig, ServedModel};
 use caracal::models::CausalLm;
 use clap::Args;
@@ -53,8 +55,50 @@ pub struct ServeArgs {
     /// Seconds a stored response stays retrievable.
     #[arg(long, default_value_t = 3600)]
     response_store_ttl: u64,
+    /// Constrain tool calls to the declared tools and their schemas (`on`),
+    /// or only parse them after the fact (`off`, for comparison).
+    #[arg(long, default_value = "on", value_parser = on_off)]
+    tool_call_constraint: bool,
+    /// Append the tokens a grammar forces without one decode step each.
+    #[arg(long, default_value = "on", value_parser = on_off)]
+    jump_forward: bool,
     #[command(flatten)]
     engine: EngineArgs,
+}
+
+/// Reads `on` / `off`.
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected on or off, got `{other}`")),
+    }
+}
+
+/// The model's constraint factory (token trie, llguidance parser factory),
+/// built once; `None` (with a warning) when the tokenizer cannot give one.
+pub fn constraint_factory(
+    dir: &std::path::Path,
+    tokenizer: Option<&Arc<caracal::text::tokenizer::TextTokenizer>>,
+    vocab_size: usize,
+) -> Option<Arc<ConstraintFactory>> {
+    let tokenizer = tokenizer?;
+    let t0 = Instant::now();
+    let built =
+        TokenEnv::load(dir, tokenizer.clone(), Some(vocab_size)).and_then(ConstraintFactory::new);
+    match built {
+        Ok(f) => {
+            tracing::info!(
+                "constraint factory ready in {:.0} ms",
+                t0.elapsed().as_secs_f64() * 1e3
+            );
+            Some(Arc::new(f))
+        }
+        Err(e) => {
+            eprintln!("warning: no constrained decoding for this model: {e}");
+            None
+        }
+    }
 }
 
 /// Runs `caracal serve`.
@@ -84,9 +128,14 @@ pub fn run(a: ServeArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
     let model: Arc<dyn CausalLm> = Arc::from(loaded.model);
     let tokenizer = loaded.tokenizer.map(Arc::new);
     let served = ServedModel::new(&name, model.as_ref(), tokenizer.clone(), vision);
+    let constraints = ConstraintSetup {
+        factory: constraint_factory(&dir, tokenizer.as_ref(), model.info().vocab_size),
+        tool_calls: a.tool_call_constraint,
+        jump_forward: a.jump_forward,
+    };
     let detok = tokenizer.map(|t| t as Arc<dyn caracal_actors::engine::Detokenize>);
-    let engine =
-        EngineHost::start(model, a.engine.config(), detok).context("starting the engine")?;
+    let engine = EngineHost::start_with(model, a.engine.config(), detok, constraints)
+        .context("starting the engine")?;
     let config = GatewayConfig {
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
         max_sessions: a.max_sessions.max(1),

@@ -7,8 +7,17 @@
 //! `stream_options.include_usage`. Tool calls in the model's own format
 //! come back as `tool_calls` (streamed as argument deltas: `id`, `type` and
 //! `name` once in a call's first delta, then only `arguments`), reasoning
-//! as `reasoning_content`. `logprobs`, `n` > 1 and constrained
-//! `response_format`s are refused with `unsupported_parameter`.
+//! as `reasoning_content`. `logprobs` and `n` > 1 are refused with
+//! `unsupported_parameter`.
+//!
+//! Output constraints (on by default): declared `tools` constrain the
+//! model's tool calls to the declared names and `parameters` schemas, in
+//! its own format — lazily for `auto` (free text until the model opens a
+//! call), from the first token for `required` and a named tool, not at all
+//! for `none`; `--tool-call-constraint off` leaves calls to the parser
+//! alone. `response_format` `json_schema` / `json_object` constrains the
+//! answer to that JSON (reasoning is skipped: the answer starts at once).
+//! A schema the compiler cannot take is a 400 naming the problem.
 
 use std::sync::Arc;
 
@@ -24,7 +33,10 @@ use super::generation::{self, Finish, GenEvent, GenRequest, GenSummary};
 use super::http::{check_model, ok_json, read_json, sse_done, sse_frame, sse_response, SSE_BUFFER};
 use super::metrics::Endpoint;
 use super::model::{Conversation, ToolChoiceSpec};
-use super::params::{read_sampling, refuse_logprobs, refuse_n, valid_request};
+use super::params::{
+    compile_constraint, read_output_format, read_sampling, refuse_logprobs, refuse_n,
+    valid_request, OutputConstraint,
+};
 use super::{new_id, unix_now, AppState};
 use crate::chat::toolcall::{Message, MessageContent};
 
@@ -166,7 +178,7 @@ pub fn parse_tool_choice(f: &Fields<'_>, tools: &[Value]) -> ApiResult<ToolChoic
     Ok(choice)
 }
 
-/// Refuses constrained `response_format`s until constrained decoding is wired in.
+/// Refuses constrained `response_format`s (for endpoints that serve none).
 pub fn refuse_response_format(f: &Fields<'_>) -> ApiResult<()> {
     if let Some(rf) = f.object("response_format")? {
         match rf.get("type").and_then(Value::as_str) {
@@ -271,7 +283,7 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
     let model = check_model(&state, f.str("model")?.as_deref())?;
     refuse_logprobs(&f)?;
     refuse_n(&f)?;
-    refuse_response_format(&f)?;
+    let format = read_output_format(&state, "response_format", f.raw("response_format"))?;
     let list = f
         .array("messages")?
         .ok_or_else(|| ApiError::missing("messages"))?;
@@ -293,7 +305,21 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
             .unwrap_or(false),
         None => false,
     };
-    let thinking = !matches!(f.str("reasoning_effort")?.as_deref(), Some("none"));
+    let thinking =
+        !matches!(f.str("reasoning_effort")?.as_deref(), Some("none")) && format.is_none();
+    let parallel_tool_calls = f.bool("parallel_tool_calls")?;
+    let constraint = compile_constraint(
+        &state,
+        OutputConstraint {
+            tools: &tools,
+            tool_choice: f.raw("tool_choice"),
+            parallel_tool_calls,
+            format,
+            thinking,
+            messages: &messages,
+        },
+    )
+    .await?;
     let conv = Conversation {
         messages,
         tools,
@@ -307,9 +333,9 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
         model,
         stream,
         include_usage,
-        parallel_tool_calls: f.bool("parallel_tool_calls")?.unwrap_or(true),
+        parallel_tool_calls: parallel_tool_calls.unwrap_or(true),
     };
-    let rx = generation::start(
+    let rx = generation::start_with(
         &state,
         GenRequest {
             valid,
@@ -318,6 +344,7 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
             stop: sampling.stop.clone(),
             cancel: None,
         },
+        constraint,
     )
     .await?;
     let id = new_id("chatcmpl-");

@@ -8,9 +8,16 @@
 //! bounded channel. Dropping that receiver cancels the request within one
 //! scheduler step. Every engine call the gateway makes goes through this
 //! file, so a change of the engine's handle is a change here only.
+//!
+//! The host also holds the model's [`ConstraintFactory`] (token trie and
+//! llguidance parser factory, built once at startup and shared by every
+//! request) and the `--tool-call-constraint` switch ([`ConstraintSetup`]);
+//! compiled constraints travel to the scheduler with their request
+//! ([`EngineHost::submit_with`]).
 
 use std::sync::Arc;
 
+use caracal_actors::constraint::SeqConstraint;
 use caracal_actors::engine::{CausalLm, Detokenize};
 use caracal_actors::messages::{
     ErrorKind, MemoryStats, SchedulerStats, SubmitError, TokenEvent, ValidRequest,
@@ -19,6 +26,31 @@ use caracal_actors::runtime::{Engine, EngineConfig};
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
+use crate::constrain::ConstraintFactory;
+
+/// Constrained decoding as the gateway serves it.
+#[derive(Debug, Clone)]
+pub struct ConstraintSetup {
+    /// The model's factory; `None` serves no `response_format` schemas and
+    /// leaves tool calls unconstrained.
+    pub factory: Option<Arc<ConstraintFactory>>,
+    /// Constrain tool calls to the declared tools and schemas
+    /// (`--tool-call-constraint on`, the default); off parses them after
+    /// the fact only.
+    pub tool_calls: bool,
+    /// Append the tokens a grammar forces without a step each (jump-forward).
+    pub jump_forward: bool,
+}
+
+impl Default for ConstraintSetup {
+    fn default() -> Self {
+        ConstraintSetup {
+            factory: None,
+            tool_calls: true,
+            jump_forward: true,
+        }
+    }
+}
 
 /// A running engine and the thread of its actix `System`.
 pub struct EngineHost {
@@ -26,6 +58,8 @@ pub struct EngineHost {
     engine: Engine,
     /// The actix system, stopped when the host is dropped.
     system: actix::System,
+    /// Constrained decoding.
+    constraints: ConstraintSetup,
     /// The system's thread, joined on drop.
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -42,11 +76,23 @@ pub struct EngineSnapshot {
 }
 
 impl EngineHost {
-    /// Starts the engine's actors for `model` on a new thread.
+    /// Starts the engine's actors for `model` on a new thread, without
+    /// constrained decoding.
     pub fn start(
         model: Arc<dyn CausalLm>,
         cfg: EngineConfig,
         detok: Option<Arc<dyn Detokenize>>,
+    ) -> std::io::Result<EngineHost> {
+        EngineHost::start_with(model, cfg, detok, ConstraintSetup::default())
+    }
+
+    /// Starts the engine's actors for `model` on a new thread, serving
+    /// constrained decoding as `constraints` says.
+    pub fn start_with(
+        model: Arc<dyn CausalLm>,
+        cfg: EngineConfig,
+        detok: Option<Arc<dyn Detokenize>>,
+        constraints: ConstraintSetup,
     ) -> std::io::Result<EngineHost> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
@@ -64,6 +110,7 @@ impl EngineHost {
         Ok(EngineHost {
             engine,
             system,
+            constraints,
             thread: Some(thread),
         })
     }
@@ -73,7 +120,24 @@ impl EngineHost {
         &self,
         request: ValidRequest,
     ) -> Result<mpsc::Receiver<TokenEvent>, ApiError> {
-        self.engine.submit(request).await.map_err(submit_error)
+        self.submit_with(request, None).await
+    }
+
+    /// Queues a request whose output follows `constraint`.
+    pub async fn submit_with(
+        &self,
+        request: ValidRequest,
+        constraint: Option<SeqConstraint>,
+    ) -> Result<mpsc::Receiver<TokenEvent>, ApiError> {
+        self.engine
+            .try_submit_with(request, constraint)
+            .map(|s| s.events)
+            .map_err(submit_error)
+    }
+
+    /// Constrained decoding as served.
+    pub fn constraints(&self) -> &ConstraintSetup {
+        &self.constraints
     }
 
     /// Unpins `session`'s cached path and cancels its requests (a WebSocket
@@ -118,6 +182,10 @@ pub fn event_error(kind: ErrorKind, message: String) -> ApiError {
         ErrorKind::InvalidRequest => ApiError::invalid("invalid_value", None, message),
         ErrorKind::EngineStopped => ApiError::shutting_down(),
         ErrorKind::Cancelled | ErrorKind::InternalError => ApiError::internal(message),
+        ErrorKind::ConstraintViolation => ApiError {
+            code: "constraint_violation",
+            ..ApiError::internal(message)
+        },
     }
 }
 

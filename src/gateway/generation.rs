@@ -18,6 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use caracal_actors::constraint::SeqConstraint;
 use caracal_actors::messages::{FinishReason, MissReason, TokenEvent, ValidRequest};
 use tokio::sync::{mpsc, watch};
 
@@ -177,12 +178,22 @@ impl StopMatcher {
 /// event (a full server, shutdown) come back here, so HTTP can answer with
 /// a status.
 pub async fn start(state: &Arc<AppState>, req: GenRequest) -> ApiResult<mpsc::Receiver<GenEvent>> {
+    start_with(state, req, None).await
+}
+
+/// [`start`] with the output following `constraint` (compiled by
+/// [`super::params::compile_constraint`]).
+pub async fn start_with(
+    state: &Arc<AppState>,
+    req: GenRequest,
+    constraint: Option<SeqConstraint>,
+) -> ApiResult<mpsc::Receiver<GenEvent>> {
     if state.shutdown.is_shutting_down() {
         return Err(ApiError::shutting_down());
     }
     let prompt_tokens = req.valid.prompt.len();
     let t0 = Instant::now();
-    let engine_rx = state.engine.submit(req.valid).await?;
+    let engine_rx = state.engine.submit_with(req.valid, constraint).await?;
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
     let task = Driver {
         state: state.clone(),

@@ -1,14 +1,22 @@
 //! Sampling and length fields shared by every generation endpoint, read
 //! from client JSON into a [`ValidRequest`] (validation at the edge: each
-//! error names the field and the limit).
+//! error names the field and the limit), and the output constraint a
+//! request asks for (`tools` / `tool_choice` / `parallel_tool_calls`,
+//! `response_format`, Responses `text.format`), compiled with the model's
+//! shared [`crate::constrain::ConstraintFactory`].
 
+use caracal_actors::constraint::SeqConstraint;
 use caracal_actors::messages::{StopConditions, ValidRequest};
 use caracal_kernels::sampling::SamplingParams;
+use serde_json::Value;
 
 use super::error::{ApiError, ApiResult};
 use super::fields::Fields;
 use super::AppState;
+use crate::chat::toolcall::Message;
+use crate::constrain::{CompileError, ConstraintSpec, ToolFormat, ToolsSpec};
 use crate::request::MAX_OUTPUT_TOKENS;
+use crate::text::tokenizer::ChatFormat;
 
 /// Most stop strings a request may give.
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -162,4 +170,116 @@ pub fn valid_request(
             strings: s.stop.clone(),
         },
     })
+}
+
+/// A compile error of a request's constraint as a 400 naming the problem
+/// (`invalid_schema`, `unsupported_schema_keyword`, `unknown_tool`, ...).
+fn compile_error(param: &str, e: CompileError) -> ApiError {
+    ApiError::invalid(e.kind(), Some(param), e.to_string())
+}
+
+/// Reads a `response_format` / `text.format` object (`param` names it);
+/// `None` for `text` or absent. A constrained format on a server without a
+/// constraint factory is refused.
+pub fn read_output_format(
+    state: &AppState,
+    param: &str,
+    v: Option<&Value>,
+) -> ApiResult<Option<ConstraintSpec>> {
+    let kind = v.and_then(|v| v.get("type")).and_then(Value::as_str);
+    let constrained = v.is_some_and(|v| !v.is_null()) && kind != Some("text");
+    if constrained && state.engine.constraints().factory.is_none() {
+        return Err(ApiError::unsupported(
+            param,
+            "this server has no token trie for its model, so it cannot constrain output",
+        ));
+    }
+    ConstraintSpec::from_response_format(v).map_err(|e| compile_error(param, e))
+}
+
+/// The served model's tool-call format, as its output parser reads it:
+/// Kimi K3 XTML, Kimi K2 sections (ids counted over the conversation's
+/// calls), Hermes `<tool_call>` JSON for Jinja (ChatML) templates.
+pub fn tool_format(state: &AppState, thinking: bool, messages: &[Message]) -> Option<ToolFormat> {
+    Some(match state.model.format.as_ref()? {
+        ChatFormat::KimiK3 => ToolFormat::KimiK3 { thinking },
+        ChatFormat::KimiK2 => ToolFormat::KimiK2 {
+            first_call_index: messages
+                .iter()
+                .map(|m| m.tool_calls.as_ref().map_or(0, Vec::len))
+                .sum(),
+            thinking: false,
+        },
+        ChatFormat::Jinja(_) => ToolFormat::Hermes,
+    })
+}
+
+/// What a request asks to constrain, before compilation.
+#[derive(Debug, Clone, Default)]
+pub struct OutputConstraint<'a> {
+    /// Chat-shaped `tools`.
+    pub tools: &'a [Value],
+    /// `tool_choice` as given.
+    pub tool_choice: Option<&'a Value>,
+    /// `parallel_tool_calls`.
+    pub parallel_tool_calls: Option<bool>,
+    /// `response_format` / `text.format`, read by [`read_output_format`].
+    pub format: Option<ConstraintSpec>,
+    /// The prompt opened the model's reasoning channel.
+    pub thinking: bool,
+    /// The conversation (Kimi K2 numbers its call ids over it).
+    pub messages: &'a [Message],
+}
+
+/// Compiles what `c` asks for into the constraint the scheduler runs, or
+/// `None` (nothing asked, `tool_choice: "none"`, tool calls unconstrained
+/// by `--tool-call-constraint off`, or no factory). Errors are 400s that
+/// name the problem, before any token; compilation runs off the socket
+/// threads.
+pub async fn compile_constraint(
+    state: &AppState,
+    c: OutputConstraint<'_>,
+) -> ApiResult<Option<SeqConstraint>> {
+    let setup = state.engine.constraints();
+    let Some(factory) = setup.factory.clone() else {
+        return Ok(None);
+    };
+    let constrains_tools =
+        !c.tools.is_empty() && !matches!(c.tool_choice.and_then(Value::as_str), Some("none"));
+    let (spec, param) = match c.format {
+        Some(_) if constrains_tools => {
+            return Err(ApiError::unsupported(
+                "response_format",
+                "a structured output format together with callable tools; set `tool_choice` to `none` or drop the format",
+            ))
+        }
+        Some(spec) => (spec, "response_format"),
+        None if constrains_tools && setup.tool_calls => {
+            let Some(format) = tool_format(state, c.thinking, c.messages) else {
+                return Ok(None);
+            };
+            let tools = Value::Array(c.tools.to_vec());
+            match ToolsSpec::from_openai(
+                Some(&tools),
+                c.tool_choice,
+                c.parallel_tool_calls,
+                format,
+            )
+            .map_err(|e| compile_error("tools", e))?
+            {
+                Some(t) => (ConstraintSpec::Tools(t), "tools"),
+                None => return Ok(None),
+            }
+        }
+        None => return Ok(None),
+    };
+    let jump_forward = setup.jump_forward;
+    let compiled = tokio::task::spawn_blocking(move || factory.compile_boxed(&spec))
+        .await
+        .map_err(|e| ApiError::internal(format!("compiling the constraint: {e}")))?;
+    let constraint = compiled.map_err(|e| compile_error(param, e))?;
+    Ok(Some(SeqConstraint {
+        constraint,
+        jump_forward,
+    }))
 }

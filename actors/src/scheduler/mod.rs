@@ -16,7 +16,14 @@
 //! 4. **forward**: the model's batched pass over the plan.
 //! 5. **sample**: KDA snapshots at page boundaries, then a token for every
 //!    sequence that asked for logits, stop ids, stop strings
-//!    ([`StopMatcher`], incremental) and length limits.
+//!    ([`StopMatcher`], incremental) and length limits. A constrained
+//!    sequence ([`crate::constraint`]) samples under its grammar's token
+//!    mask — computed on the [`MaskPool`] while the forward ran, since it
+//!    needs only the previous token — consumes the token, ends with `stop`
+//!    when the grammar is complete, or alone with `constraint_violation`
+//!    when it cannot go on. With jump-forward the run of tokens the grammar
+//!    then forces is appended at once and fed to the next forward as one
+//!    [`Work::Extend`] chunk instead of one decode step per token.
 //! 6. **finish**: commit finished sequences to session memory (so the next
 //!    turn finds them), publish the counters ([`EngineStats`]), then send
 //!    the final events.
@@ -33,6 +40,7 @@
 //! threads): see `actors/tests/scheduler.rs`.
 
 pub mod driver;
+mod guided;
 mod outbox;
 
 use std::collections::{HashMap, VecDeque};
@@ -45,18 +53,20 @@ use caracal_kernels::threads::on_pool;
 use tokio::sync::{mpsc, watch};
 
 use crate::admission::AdmissionGate;
+use crate::constraint::{Constraint, SeqConstraint};
 use crate::engine::{
     CausalLm, Detokenize, EngineError, LinearState, LogitsMode, ModelInfo, SeqBatch, SeqState,
 };
 use crate::messages::{
-    AdmitRequest, CacheReport, EngineStats, ErrorKind, FinishReason, MemoryStats, RequestId,
-    SchedulerCommand, SchedulerStats, SubmitError, TokenEvent, ValidRequest,
+    AdmitRequest, CacheReport, EngineStats, ErrorKind, MemoryStats, RequestId, SchedulerCommand,
+    SchedulerStats, SubmitError, TokenEvent, ValidRequest,
 };
 use crate::radix::NodeId;
 use crate::session_memory::{
     CommitSequence, MatchPrefix, MemoryConfig, MemoryError, ReleaseSequence, SessionMemory,
 };
 use crate::stop::StopMatcher;
+use guided::{accept, Appended, End, MaskResult};
 use outbox::{Delivery, Outbox};
 
 /// Session pin lifetime when a scheduler creates its own session memory.
@@ -101,6 +111,14 @@ pub enum Work {
         /// Index in the running batch.
         seq: usize,
     },
+    /// Feed the last sampled token of running sequence `seq` and the run of
+    /// tokens its grammar forced after it (jump-forward), then sample the next.
+    Extend {
+        /// Index in the running batch.
+        seq: usize,
+        /// Tokens fed: the sampled one and the forced ones.
+        len: usize,
+    },
     /// Feed prompt tokens `start..start + len` of running sequence `seq`;
     /// logits only when the chunk ends the prompt.
     Prefill {
@@ -117,7 +135,7 @@ impl Work {
     /// The running sequence this work belongs to.
     pub fn seq(&self) -> usize {
         match *self {
-            Work::Decode { seq } | Work::Prefill { seq, .. } => seq,
+            Work::Decode { seq } | Work::Extend { seq, .. } | Work::Prefill { seq, .. } => seq,
         }
     }
 
@@ -125,7 +143,7 @@ impl Work {
     pub fn tokens(&self) -> usize {
         match *self {
             Work::Decode { .. } => 1,
-            Work::Prefill { len, .. } => len,
+            Work::Extend { len, .. } | Work::Prefill { len, .. } => len,
         }
     }
 }
@@ -159,6 +177,8 @@ struct Waiting {
     req: ValidRequest,
     /// Its client.
     events: mpsc::Sender<TokenEvent>,
+    /// Its grammar, if any.
+    constraint: Option<SeqConstraint>,
 }
 
 /// A running sequence.
@@ -175,8 +195,9 @@ struct Running {
     key: Vec<u64>,
     /// Generated ids.
     generated: Vec<u32>,
-    /// Next token to feed during decode.
-    pending: Option<u32>,
+    /// Tokens to feed at the next decode: the last sampled one, then any
+    /// the grammar forced after it (empty: nothing to decode).
+    pending: Vec<u32>,
     /// The node locked at admission.
     node: NodeId,
     /// Sampler.
@@ -190,6 +211,11 @@ struct Running {
     /// Stop-string matcher, when the request has stop strings and the
     /// scheduler a detokenizer.
     stop: Option<StopMatcher>,
+    /// The grammar its output follows; lent to the [`MaskPool`] during a
+    /// forward.
+    constraint: Option<Box<dyn Constraint>>,
+    /// Append forced runs without sampling them (jump-forward).
+    jump_forward: bool,
 }
 
 impl Running {
@@ -314,10 +340,25 @@ impl SchedulerState {
         req: ValidRequest,
         events: mpsc::Sender<TokenEvent>,
     ) -> Result<RequestId, SubmitError> {
+        self.enqueue_with(req, events, None)
+    }
+
+    /// Queues a request whose output follows `constraint`.
+    pub fn enqueue_with(
+        &mut self,
+        req: ValidRequest,
+        events: mpsc::Sender<TokenEvent>,
+        constraint: Option<SeqConstraint>,
+    ) -> Result<RequestId, SubmitError> {
         validate_request(&req, self.model.info())?;
         self.gate.try_acquire()?;
         let id = self.gate.next_id();
-        self.waiting.push_back(Waiting { id, req, events });
+        self.waiting.push_back(Waiting {
+            id,
+            req,
+            events,
+            constraint,
+        });
         Ok(id)
     }
 
@@ -339,6 +380,7 @@ impl SchedulerState {
                 id: a.id,
                 req: a.request,
                 events: a.events,
+                constraint: a.constraint,
             }),
             Err(e) => {
                 self.gate.release(1);
@@ -434,10 +476,15 @@ impl SchedulerState {
         let plan = self.plan();
         let ran = !plan.is_empty();
         if ran {
-            match self.forward(&plan) {
+            // The masks of this step's samples need only the tokens already
+            // consumed: they are computed while the forward runs.
+            let masks = self.start_masks(&plan);
+            let result = self.forward(&plan);
+            let masks = self.join_masks(masks);
+            match result {
                 Ok(logits) => {
-                    let finished = self.sample(&plan, &logits);
-                    self.finish(finished);
+                    let ended = self.sample(&plan, &logits, masks);
+                    self.finish(ended);
                 }
                 Err(e) => self.fail_plan(&plan, &e),
             }
@@ -574,6 +621,7 @@ impl SchedulerState {
                         .detok
                         .as_ref()
                         .and_then(|_| StopMatcher::new(&w.req.stop.strings));
+                    let jump_forward = w.constraint.as_ref().is_some_and(|c| c.jump_forward);
                     self.running.push(Running {
                         id: w.id,
                         req: w.req,
@@ -581,13 +629,15 @@ impl SchedulerState {
                         state,
                         key,
                         generated: Vec::new(),
-                        pending: None,
+                        pending: Vec::new(),
                         node: adm.node,
                         rng: Rng::new(seed),
                         cache,
                         snapshots: Vec::new(),
                         decode_snapshot: None,
                         stop,
+                        constraint: w.constraint.map(|c| c.constraint),
+                        jump_forward,
                     });
                 }
                 Err(MemoryError::OutOfPages { needed, available }) if self.running.is_empty() => {
@@ -620,10 +670,18 @@ impl SchedulerState {
             if budget == 0 {
                 break;
             }
-            if r.pending.is_some() && r.out.has_room() {
-                plan.push(Work::Decode { seq });
-                budget -= 1;
+            if r.pending.is_empty() || !r.out.has_room() {
+                continue;
             }
+            let len = r.pending.len();
+            if len == 1 {
+                plan.push(Work::Decode { seq });
+            } else if len <= budget || plan.is_empty() {
+                plan.push(Work::Extend { seq, len });
+            } else {
+                continue; // the forced run waits for a step with room
+            }
+            budget = budget.saturating_sub(len);
         }
         let hybrid = self.model.info().linear_layers > 0;
         let p = self.cfg.page_size;
@@ -661,7 +719,7 @@ impl SchedulerState {
     /// Which logits `work` asks for.
     fn logits_mode(&self, work: &Work) -> LogitsMode {
         match *work {
-            Work::Decode { .. } => LogitsMode::Last,
+            Work::Decode { .. } | Work::Extend { .. } => LogitsMode::Last,
             Work::Prefill { seq, start, len } => {
                 if start + len == self.running[seq].req.prompt.len() {
                     LogitsMode::Last
@@ -680,9 +738,7 @@ impl SchedulerState {
             .map(|w| {
                 let r = &self.running[w.seq()];
                 let tokens = match *w {
-                    Work::Decode { .. } => {
-                        vec![r.pending.expect("planned decode has a pending token")]
-                    }
+                    Work::Decode { .. } | Work::Extend { .. } => r.pending.clone(),
                     Work::Prefill { start, len, .. } => r.req.prompt[start..start + len].to_vec(),
                 };
                 (tokens, self.logits_mode(w))
@@ -727,18 +783,28 @@ impl SchedulerState {
     }
 
     /// Phase 5: snapshots, then one token for each work that asked for
-    /// logits; returns the sequences that finished, and why.
-    fn sample(&mut self, plan: &[Work], logits: &[f32]) -> Vec<(usize, FinishReason)> {
+    /// logits (under its grammar's mask, if any); returns the sequences
+    /// that end, and how.
+    fn sample(
+        &mut self,
+        plan: &[Work],
+        logits: &[f32],
+        mut masks: Vec<Option<MaskResult>>,
+    ) -> Vec<(usize, End)> {
         let info = self.model.info();
         let (vocab, max_pos) = (info.vocab_size, info.max_position);
         let hybrid = info.linear_layers > 0;
         let p = self.cfg.page_size;
         let interval = self.cfg.state_checkpoint_interval.max(p) / p * p;
+        // A forced run fits one forward with the sampled token before it.
+        let max_forced = self.cfg.max_batch_tokens.max(2) - 1;
         let modes: Vec<LogitsMode> = plan.iter().map(|w| self.logits_mode(w)).collect();
         let mut row = 0;
-        let mut finished = Vec::new();
+        let mut ended = Vec::new();
         for (w, mode) in plan.iter().zip(modes) {
-            let r = &mut self.running[w.seq()];
+            let seq = w.seq();
+            let r = &mut self.running[seq];
+            r.pending.clear();
             if hybrid && r.state.len.is_multiple_of(p) {
                 let snap = r.state.linear.clone();
                 let prompt_boundary = r.state.len <= r.req.prompt.len();
@@ -754,40 +820,86 @@ impl SchedulerState {
             let mut l = logits[row * vocab..(row + 1) * vocab].to_vec();
             row += 1;
             apply_penalties(&mut l, &r.req.prompt, &r.generated, &r.req.sampling);
-            let tok = sample(&l, &r.req.sampling, &mut r.rng);
-            r.generated.push(tok);
-            r.key.push(tok as u64);
-            self.stats.generated_tokens += 1;
-            if r.out.send(TokenEvent::Token { id: tok }) == Delivery::Closed {
-                r.pending = None;
-                continue; // reaped at the next step
+            if r.constraint.is_some() {
+                match masks[seq].take() {
+                    Some(Ok(mask)) if mask.count() > 0 => mask.apply(&mut l),
+                    Some(Ok(_)) => {
+                        ended.push((
+                            seq,
+                            End::ConstraintFailed("the grammar allows no token here".into()),
+                        ));
+                        continue;
+                    }
+                    Some(Err(e)) => {
+                        ended.push((seq, End::ConstraintFailed(e.to_string())));
+                        continue;
+                    }
+                    None => {
+                        ended.push((seq, End::ConstraintFailed("the token mask was lost".into())));
+                        continue;
+                    }
+                }
             }
-            let stop_id = r.req.stop.ids.contains(&tok);
-            let stop_str = match (&mut r.stop, &self.detok) {
-                (Some(m), Some(d)) => m.push(d.as_ref(), &r.generated),
-                _ => false,
+            let tok = sample(&l, &r.req.sampling, &mut r.rng);
+            let mut fed = vec![tok];
+            let mut step = match accept(r, tok, &self.detok, max_pos, false) {
+                Ok(a) => a,
+                Err(e) => {
+                    ended.push((seq, End::ConstraintFailed(e)));
+                    Appended::Failed
+                }
             };
-            let length = r.generated.len() >= r.req.max_tokens
-                || r.req.prompt.len() + r.generated.len() >= max_pos;
-            if stop_id || stop_str || length {
-                let reason = if stop_id || stop_str {
-                    FinishReason::Stop
-                } else {
-                    FinishReason::Length
-                };
-                finished.push((w.seq(), reason));
-            } else {
-                r.pending = Some(tok);
+            if step == Appended::Continue && r.jump_forward {
+                match r.constraint.as_mut().map(|c| c.forced_tokens()) {
+                    Some(Ok(mut forced)) => {
+                        forced.truncate(max_forced);
+                        for f in forced {
+                            match accept(r, f, &self.detok, max_pos, true) {
+                                Ok(a) => step = a,
+                                Err(e) => {
+                                    step = Appended::Failed;
+                                    ended.push((seq, End::ConstraintFailed(e)));
+                                }
+                            }
+                            fed.push(f);
+                            self.stats.forced_tokens += 1;
+                            if step != Appended::Continue {
+                                break;
+                            }
+                        }
+                    }
+                    Some(Err(e)) => {
+                        step = Appended::Failed;
+                        ended.push((seq, End::ConstraintFailed(e.to_string())));
+                    }
+                    None => {}
+                }
+            }
+            self.stats.generated_tokens += fed.len() as u64;
+            match step {
+                Appended::Continue => r.pending = fed,
+                Appended::Ended(reason) => ended.push((seq, End::Finished(reason))),
+                Appended::Closed | Appended::Failed => {} // reaped next step / already listed
             }
         }
-        finished
+        ended
     }
 
     /// Phase 6: commits finished sequences to session memory and queues
-    /// their `Finished` events (sent after the counters are published).
-    fn finish(&mut self, mut finished: Vec<(usize, FinishReason)>) {
-        finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
-        for (i, reason) in finished {
+    /// their `Finished` events (sent after the counters are published);
+    /// sequences whose grammar failed end with an error and cache nothing.
+    fn finish(&mut self, mut ended: Vec<(usize, End)>) {
+        ended.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
+        for (i, end) in ended {
+            let reason = match end {
+                End::Finished(reason) => reason,
+                End::ConstraintFailed(message) => {
+                    tracing::debug!(request = self.running[i].id, %message, "grammar failed");
+                    self.stats.constraint_failures += 1;
+                    self.fail_running(i, ErrorKind::ConstraintViolation, message);
+                    continue;
+                }
+            };
             let mut r = self.running.swap_remove(i);
             tracing::debug!(
                 request = r.id,

@@ -10,12 +10,14 @@ use tokio::sync::{mpsc, watch};
 
 use super::events::ResponseBuilder;
 use super::store::StoredResponse;
-use super::types::{prompt_messages, ResponseRequest};
+use super::types::{prompt_messages, text_format_of, ResponseRequest};
 use crate::chat::toolcall::Message;
 use crate::gateway::error::{ApiError, ApiResult};
 use crate::gateway::generation::{self, GenEvent, GenRequest};
 use crate::gateway::model::{CachedPrefix, Conversation};
-use crate::gateway::params::valid_request;
+use crate::gateway::params::{
+    compile_constraint, read_output_format, valid_request, OutputConstraint,
+};
 use crate::gateway::AppState;
 
 /// A turn with its prompt built.
@@ -103,7 +105,28 @@ pub async fn begin(
         sampling.max_tokens = Some(1);
     }
     let valid = valid_request(state, turn.prompt_ids.clone(), &sampling, session)?;
-    let rx = generation::start(
+    let constraint = if turn.req.generate {
+        let format = read_output_format(
+            state,
+            "text.format",
+            text_format_of(turn.req.echo.get("text")),
+        )?;
+        compile_constraint(
+            state,
+            OutputConstraint {
+                tools: &turn.req.chat_tools,
+                tool_choice: Some(&turn.req.tool_choice_raw),
+                parallel_tool_calls: Some(turn.req.parallel_tool_calls),
+                format,
+                thinking: turn.req.thinking,
+                messages: &turn.context,
+            },
+        )
+        .await?
+    } else {
+        None
+    };
+    let rx = generation::start_with(
         state,
         GenRequest {
             valid,
@@ -112,6 +135,7 @@ pub async fn begin(
             stop: sampling.stop.clone(),
             cancel,
         },
+        constraint,
     )
     .await?;
     Ok(Running { turn, rx })

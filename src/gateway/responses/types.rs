@@ -12,10 +12,10 @@
 use serde_json::{json, Map, Value};
 
 use crate::chat::toolcall::{Message, ToolCall};
-use crate::gateway::chat::refuse_response_format;
 use crate::gateway::error::{ApiError, ApiResult};
 use crate::gateway::fields::{as_object, type_name, Fields};
 use crate::gateway::model::ToolChoiceSpec;
+use crate::gateway::params::read_output_format;
 use crate::gateway::params::{read_sampling, Sampling};
 use crate::gateway::AppState;
 
@@ -320,17 +320,9 @@ pub fn parse_request(
             ));
         }
     }
-    if let Some(t) = f.object("text")? {
-        if let Some(fmt) = t.get("format").and_then(Value::as_object) {
-            let wrapped: Map<String, Value> =
-                [("response_format".to_string(), Value::Object(fmt.clone()))]
-                    .into_iter()
-                    .collect();
-            refuse_response_format(&Fields::new(&wrapped)).map_err(|_| {
-                ApiError::unsupported("text.format", "constrained decoding is not available yet")
-            })?;
-        }
-    }
+    // Checked here so a bad schema is refused before anything runs; the
+    // turn compiles it again from the echoed `text` when it starts.
+    let text_format = read_output_format(state, "text.format", text_format_of(f.raw("text")))?;
     let input_items: Vec<Value> = match f.raw("input") {
         None => Vec::new(),
         Some(Value::String(s)) => vec![json!({"type": "message", "role": "user", "content": s})],
@@ -355,7 +347,8 @@ pub fn parse_request(
     let thinking = !reasoning
         .and_then(|r| r.get("effort"))
         .and_then(Value::as_str)
-        .is_some_and(|e| e == "none");
+        .is_some_and(|e| e == "none")
+        && text_format.is_none();
     let mut echo = Map::new();
     for key in [
         "text",
@@ -424,4 +417,9 @@ pub fn prompt_messages(instructions: Option<&str>, context: &[Message]) -> Vec<M
     }
     out.extend(context.iter().cloned());
     out
+}
+
+/// The `format` object of a Responses `text` field, if any.
+pub fn text_format_of(text: Option<&Value>) -> Option<&Value> {
+    text.and_then(|t| t.get("format"))
 }
