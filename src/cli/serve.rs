@@ -57,10 +57,10 @@ pub struct ServeArgs {
     response_store_ttl: u64,
     /// Constrain tool calls to the declared tools and their schemas (`on`),
     /// or only parse them after the fact (`off`, for comparison).
-    #[arg(long, default_value = "on", value_parser = on_off)]
+    #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     tool_call_constraint: bool,
     /// Append the tokens a grammar forces without one decode step each.
-    #[arg(long, default_value = "on", value_parser = on_off)]
+    #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     jump_forward: bool,
     #[command(flatten)]
     engine: EngineArgs,
