@@ -101,6 +101,9 @@ impl Server {
             .arg("--model")
             .arg(model)
             .args(["--served-model-name", "caracal-e2e"])
+            // Codex sends no temperature: greedy defaults make the turn
+            // repeatable (SmolLM2 answers and stops instead of rambling).
+            .args(["--override-generation-config", r#"{"temperature": 0}"#])
             .env("RUST_LOG", "caracal=debug")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use caracal::constrain::{ConstraintFactory, TokenEnv};
 use caracal::gateway::engine::ConstraintSetup;
+use caracal::gateway::params::SamplingDefaults;
 use caracal::gateway::{self, EngineHost, Gateway, GatewayConfig, ServedModel};
 use caracal::models::CausalLm;
 use clap::Args;
@@ -59,6 +60,15 @@ pub struct ServeArgs {
     /// or only parse them after the fact (`off`, for comparison).
     #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     tool_call_constraint: bool,
+    /// Where sampling defaults for fields a request leaves out come from:
+    /// `auto` reads the checkpoint's `generation_config.json` (temperature,
+    /// top_p, top_k, min_p, repetition_penalty, do_sample), `openai` keeps
+    /// OpenAI's (temperature 1, no cuts).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "openai"])]
+    generation_config: String,
+    /// JSON object applied over those defaults, e.g. `{"temperature": 0}`.
+    #[arg(long)]
+    override_generation_config: Option<String>,
     /// Append the tokens a grammar forces without one decode step each.
     #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     jump_forward: bool,
@@ -136,7 +146,9 @@ pub fn run(a: ServeArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
     let detok = tokenizer.map(|t| t as Arc<dyn caracal_actors::engine::Detokenize>);
     let engine = EngineHost::start_with(model, a.engine.config(), detok, constraints)
         .context("starting the engine")?;
+    let sampling_defaults = sampling_defaults(&dir, &a)?;
     let config = GatewayConfig {
+        sampling_defaults,
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
         max_sessions: a.max_sessions.max(1),
         max_body_bytes: a.max_body_bytes,
@@ -168,4 +180,31 @@ pub fn run(a: ServeArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
     })?;
     eprintln!("caracal serve: stopped");
     Ok(())
+}
+
+/// The sampling defaults of `--generation-config` and
+/// `--override-generation-config` (see [`SamplingDefaults::apply`]).
+fn sampling_defaults(dir: &std::path::Path, a: &ServeArgs) -> Result<SamplingDefaults> {
+    let mut d = SamplingDefaults::default();
+    let path = dir.join("generation_config.json");
+    if a.generation_config == "auto" && path.exists() {
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", path.display()))?;
+        d = d
+            .apply(&v)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    if let Some(o) = &a.override_generation_config {
+        let v: serde_json::Value = serde_json::from_str(o)
+            .with_context(|| format!("--override-generation-config `{o}` is not JSON"))?;
+        if !v.is_object() {
+            anyhow::bail!("--override-generation-config must be a JSON object, got `{o}`");
+        }
+        d = d
+            .apply(&v)
+            .map_err(|e| anyhow::anyhow!("--override-generation-config: {e}"))?;
+    }
+    Ok(d)
 }

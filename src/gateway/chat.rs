@@ -297,7 +297,11 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
     let messages = parse_messages(list, state.model.vision)?;
     let tools = parse_tools(&f)?;
     let tool_choice = parse_tool_choice(&f, &tools)?;
-    let sampling = read_sampling(&f, &["max_completion_tokens", "max_tokens"])?;
+    let sampling = read_sampling(
+        &f,
+        &["max_completion_tokens", "max_tokens"],
+        &state.config.sampling_defaults,
+    )?;
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.object("stream_options")? {
         Some(o) => Fields::nested(o, "stream_options")

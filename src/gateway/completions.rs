@@ -90,7 +90,7 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
         &state,
         f.raw("prompt").ok_or_else(|| ApiError::missing("prompt"))?,
     )?;
-    let mut sampling = read_sampling(&f, &["max_tokens"])?;
+    let mut sampling = read_sampling(&f, &["max_tokens"], &state.config.sampling_defaults)?;
     // The Completions API's default budget is 16 tokens.
     sampling.max_tokens = sampling.max_tokens.or(Some(16));
     let valid = valid_request(&state, prompt, &sampling, f.str("user")?)?;

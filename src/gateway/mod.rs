@@ -66,6 +66,9 @@ pub struct GatewayConfig {
     pub max_message_bytes: usize,
     /// Default `max_tokens` when a request names none (default 1024, capped by the context).
     pub default_max_tokens: usize,
+    /// Sampling values for fields a request leaves out (`generation_config.json`,
+    /// `--override-generation-config`).
+    pub sampling_defaults: params::SamplingDefaults,
     /// Responses kept for `previous_response_id` over HTTP (default 1024).
     pub store_capacity: usize,
     /// How long a stored response lives (default 1 h).
@@ -88,6 +91,7 @@ impl Default for GatewayConfig {
             max_body_bytes: 16 << 20,
             max_message_bytes: 16 << 20,
             default_max_tokens: 1024,
+            sampling_defaults: params::SamplingDefaults::default(),
             store_capacity: 1024,
             store_ttl: Duration::from_secs(3600),
             ws_chain_capacity: 64,

@@ -34,9 +34,79 @@ pub struct Sampling {
     pub ignore_eos: bool,
 }
 
+/// Sampling values a request gets for the fields it leaves out: OpenAI's
+/// defaults (temperature 1, no cuts), replaced by the checkpoint's
+/// `generation_config.json` and then by `--override-generation-config`, as
+/// vLLM does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingDefaults {
+    /// `temperature`, `[0, 2]`.
+    pub temperature: f32,
+    /// `top_p`, `(0, 1]`.
+    pub top_p: f32,
+    /// `top_k` (0 = off).
+    pub top_k: usize,
+    /// `min_p`, `[0, 1]`.
+    pub min_p: f32,
+    /// `repetition_penalty`, `(0, 2]`.
+    pub repetition_penalty: f32,
+}
+
+impl Default for SamplingDefaults {
+    fn default() -> Self {
+        SamplingDefaults {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+        }
+    }
+}
+
+impl SamplingDefaults {
+    /// These defaults with the sampling keys of `v` (a `generation_config.json`
+    /// or an override object) applied; `do_sample: false` means greedy. Keys
+    /// outside their range are refused, naming the key.
+    pub fn apply(mut self, v: &Value) -> Result<SamplingDefaults, String> {
+        let num = |k: &str| v.get(k).and_then(Value::as_f64);
+        let check = |k: &str, x: f64, lo: f64, hi: f64| {
+            if x.is_finite() && x >= lo && x <= hi {
+                Ok(x as f32)
+            } else {
+                Err(format!("`{k}` must be in [{lo}, {hi}], got {x}"))
+            }
+        };
+        if let Some(x) = num("temperature") {
+            self.temperature = check("temperature", x, 0.0, 2.0)?;
+        }
+        if let Some(x) = num("top_p") {
+            self.top_p = check("top_p", x, f64::MIN_POSITIVE, 1.0)?;
+        }
+        if let Some(x) = num("top_k") {
+            self.top_k = check("top_k", x, 0.0, 1e9)? as usize;
+        }
+        if let Some(x) = num("min_p") {
+            self.min_p = check("min_p", x, 0.0, 1.0)?;
+        }
+        if let Some(x) = num("repetition_penalty") {
+            self.repetition_penalty = check("repetition_penalty", x, f64::MIN_POSITIVE, 2.0)?;
+        }
+        if v.get("do_sample").and_then(Value::as_bool) == Some(false) {
+            self.temperature = 0.0;
+        }
+        Ok(self)
+    }
+}
+
 /// Reads `temperature`, `top_p`, `top_k`, `min_p`, `seed`, the penalties,
-/// `stop`, and the first present of `max_keys` as the output budget.
-pub fn read_sampling(f: &Fields<'_>, max_keys: &[&str]) -> ApiResult<Sampling> {
+/// `stop`, and the first present of `max_keys` as the output budget; fields
+/// left out take `defaults`.
+pub fn read_sampling(
+    f: &Fields<'_>,
+    max_keys: &[&str],
+    defaults: &SamplingDefaults,
+) -> ApiResult<Sampling> {
     let mut max_tokens = None;
     for key in max_keys {
         if let Some(n) = f.int_in(key, 1, MAX_OUTPUT_TOKENS as i64)? {
@@ -45,7 +115,8 @@ pub fn read_sampling(f: &Fields<'_>, max_keys: &[&str]) -> ApiResult<Sampling> {
         }
     }
     let top_k = match f.get::<i64>("top_k", "an integer")? {
-        None | Some(-1) | Some(0) => 0,
+        None => defaults.top_k,
+        Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => k as usize,
         Some(k) => {
             return Err(ApiError::invalid(
@@ -73,14 +144,20 @@ pub fn read_sampling(f: &Fields<'_>, max_keys: &[&str]) -> ApiResult<Sampling> {
     };
     Ok(Sampling {
         params: SamplingParams {
-            temperature: f.float_in("temperature", 0.0, 2.0, false)?.unwrap_or(1.0),
-            top_p: f.float_in("top_p", 0.0, 1.0, true)?.unwrap_or(1.0),
+            temperature: f
+                .float_in("temperature", 0.0, 2.0, false)?
+                .unwrap_or(defaults.temperature),
+            top_p: f
+                .float_in("top_p", 0.0, 1.0, true)?
+                .unwrap_or(defaults.top_p),
             top_k,
-            min_p: f.float_in("min_p", 0.0, 1.0, false)?.unwrap_or(0.0),
+            min_p: f
+                .float_in("min_p", 0.0, 1.0, false)?
+                .unwrap_or(defaults.min_p),
             seed,
             repetition_penalty: f
                 .float_in("repetition_penalty", 0.0, 2.0, true)?
-                .unwrap_or(1.0),
+                .unwrap_or(defaults.repetition_penalty),
             presence_penalty: f
                 .float_in("presence_penalty", -2.0, 2.0, false)?
                 .unwrap_or(0.0),
@@ -282,4 +359,24 @@ pub async fn compile_constraint(
         constraint,
         jump_forward,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_config_keys_replace_the_defaults_and_are_checked() {
+        let d = SamplingDefaults::default()
+            .apply(&serde_json::json!({"temperature": 0.6, "top_p": 0.9, "top_k": 40, "bos_token_id": 1}))
+            .unwrap();
+        assert_eq!((d.temperature, d.top_p, d.top_k), (0.6, 0.9, 40));
+        assert_eq!(d.min_p, 0.0);
+        let greedy = d.apply(&serde_json::json!({"do_sample": false})).unwrap();
+        assert_eq!(greedy.temperature, 0.0);
+        let e = SamplingDefaults::default()
+            .apply(&serde_json::json!({"temperature": 7}))
+            .unwrap_err();
+        assert_eq!(e, "`temperature` must be in [0, 2], got 7");
+    }
 }

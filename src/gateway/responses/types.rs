@@ -342,7 +342,7 @@ pub fn parse_request(
     items_to_messages(&input_items, state.model.vision, &mut messages)?;
     let (tools, chat_tools) = parse_tools(&f)?;
     let (tool_choice, tool_choice_raw) = parse_tool_choice(&f, &chat_tools)?;
-    let sampling = read_sampling(&f, &["max_output_tokens"])?;
+    let sampling = read_sampling(&f, &["max_output_tokens"], &state.config.sampling_defaults)?;
     let reasoning = f.object("reasoning")?;
     let thinking = !reasoning
         .and_then(|r| r.get("effort"))
