@@ -15,7 +15,8 @@
 //! `websocket_connection_limit_reached`, `invalid_stream_id`,
 //! `websocket_stream_limit_reached`, `unknown_event`, `internal_error`.
 
-use axum::http::{HeaderValue, StatusCode};
+use axum::body::Body;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
@@ -165,7 +166,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut resp = super::http::json_response(status, &self.http_body());
+        let mut resp = json_response(status, &self.http_body());
         let headers = resp.headers_mut();
         if self.retryable() {
             headers.insert("retry-after", HeaderValue::from_static("1"));
@@ -175,6 +176,17 @@ impl IntoResponse for ApiError {
         }
         resp
     }
+}
+
+pub fn json_response(status: StatusCode, body: &Value) -> Response {
+    let text = serde_json::to_vec(body).expect("a JSON value always serialises");
+    let mut resp = Response::new(Body::from(text));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use axum::Router;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use super::error::{ApiError, ApiResult};
+use super::error::{json_response, ApiError, ApiResult};
 use super::fields::parse_body;
 use super::{chat, completions, realtime, responses, AppState};
 
@@ -83,16 +83,6 @@ async fn not_found(method: Method, uri: axum::http::Uri) -> Response {
 }
 
 /// A JSON response.
-pub fn json_response(status: StatusCode, body: &Value) -> Response {
-    let text = serde_json::to_vec(body).expect("a JSON value always serialises");
-    let mut resp = Response::new(Body::from(text));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
-}
 
 /// A 200 JSON response.
 pub fn ok_json(body: &Value) -> Response {
