@@ -4,11 +4,12 @@
 //! follow-up turns carry cached prompt tokens (the conversation so far is
 //! in the server's prefix cache). No timing assertions.
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::Command;
+
+mod common;
+
+use common::serve::{free_port, ServeProcess};
 
 use serde_json::Value;
 
@@ -16,66 +17,22 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 /// `caracal serve` on the fixture, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-}
+struct Server(ServeProcess);
 
 impl Server {
     fn start() -> Server {
-        let port = free_port();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_caracal"))
-            .args(["serve", "--port", &port.to_string()])
-            .arg("--model")
-            .arg(root().join("tests/fixtures/tiny-llama"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start caracal serve");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(300);
-        let mut log = Vec::new();
-        loop {
-            let left = deadline
-                .checked_duration_since(Instant::now())
-                .unwrap_or_else(|| panic!("the server did not start:\n{}", log.join("\n")));
-            match rx.recv_timeout(left) {
-                Ok(line) => {
-                    let ready = line.contains("caracal serve: model");
-                    log.push(line);
-                    if ready {
-                        break;
-                    }
-                }
-                Err(_) => panic!("the server did not start:\n{}", log.join("\n")),
-            }
-        }
-        Server {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        }
+        let model = root().join("tests/fixtures/tiny-llama");
+        Server(ServeProcess::start(
+            &["--model", model.to_str().expect("a UTF-8 path")],
+            300,
+        ))
     }
 
     /// Runs `caracal bench --url <this server> <args>` and parses its JSON.
     fn bench(&self, args: &[&str]) -> Value {
         let out = Command::new(env!("CARGO_BIN_EXE_caracal"))
-            .args(["bench", "--url", &self.url, "--json"])
+            .args(["bench", "--url", &self.0.url(), "--json"])
             .args(args)
             .output()
             .expect("run caracal bench");
@@ -86,13 +43,6 @@ impl Server {
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

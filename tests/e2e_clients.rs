@@ -9,11 +9,12 @@
 //! `tests/e2e/run.sh`), or from `$CARACAL_E2E_PYTHON`; without a Python that
 //! imports `openai`, `websockets` and `pytest` the test skips with a note.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::{Command, Stdio};
+
+mod common;
+
+use common::serve::ServeProcess;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -43,83 +44,13 @@ fn python() -> Option<PathBuf> {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// The server process, killed if the test fails before stopping it.
-struct Server {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    log: Vec<String>,
-}
-
-impl Server {
-    fn start(port: u16) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_caracal"))
-            .args(["serve", "--port", &port.to_string()])
-            .args(["--served-model-name", "kimi-k3-tiny"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start caracal serve");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Server {
-            child,
-            lines,
-            log: Vec::new(),
-        }
-    }
-
-    /// Waits (up to `secs`) for a stderr line containing `needle`.
-    fn wait_for(&mut self, needle: &str, secs: u64) -> bool {
-        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
-        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    let hit = line.contains(needle);
-                    self.log.push(line);
-                    if hit {
-                        return true;
-                    }
-                }
-                Err(_) => return false,
-            }
-        }
-        false
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn official_openai_sdk_and_raw_websockets_against_caracal_serve() {
     let Some(py) = python() else {
         return;
     };
-    let port = free_port();
-    let mut server = Server::start(port);
-    assert!(
-        server.wait_for("caracal serve: model", 600),
-        "the server did not start:\n{}",
-        server.log.join("\n")
-    );
+    let mut server = ServeProcess::start(&["--served-model-name", "kimi-k3-tiny"], 600);
+    let port = server.port;
     let out = Command::new(&py)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .arg(Path::new("tests").join("e2e"))

@@ -16,12 +16,15 @@
 //! `$CARACAL_E2E_CODEX`; without it, or without the GGUF, the test skips
 //! with a note.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
+
+mod common;
+
+use common::serve::ServeProcess;
 
 /// Longest a `codex exec` run may take before the test gives up on it.
 const CODEX_TIMEOUT: Duration = Duration::from_secs(600);
@@ -78,84 +81,38 @@ fn smollm2(dir: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+/// The server, and what the test asks of it.
+struct Server(ServeProcess);
+
+impl std::ops::Deref for Server {
+    type Target = ServeProcess;
+    fn deref(&self) -> &ServeProcess {
+        &self.0
+    }
 }
 
-/// The server process, killed when the test ends.
-struct Server {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    log: Vec<String>,
-    port: u16,
+impl std::ops::DerefMut for Server {
+    fn deref_mut(&mut self) -> &mut ServeProcess {
+        &mut self.0
+    }
 }
 
 impl Server {
     fn start(model: &Path) -> Server {
-        let port = free_port();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_caracal"))
-            .args(["serve", "--port", &port.to_string()])
-            .arg("--model")
-            .arg(model)
-            .args(["--served-model-name", "caracal-e2e"])
-            // Codex sends no temperature: greedy defaults make the turn
-            // repeatable (SmolLM2 answers and stops instead of rambling).
-            .args(["--override-generation-config", r#"{"temperature": 0}"#])
-            .env("RUST_LOG", "caracal=debug")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start caracal serve");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut server = Server {
-            child,
-            lines,
-            log: Vec::new(),
-            port,
-        };
-        assert!(
-            server.wait_for("caracal serve: model", 600),
-            "the server did not start:\n{}",
-            server.log.join("\n")
-        );
-        server
-    }
-
-    /// Waits (up to `secs`) for a stderr line containing `needle`.
-    fn wait_for(&mut self, needle: &str, secs: u64) -> bool {
-        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
-        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    let hit = line.contains(needle);
-                    self.log.push(line);
-                    if hit {
-                        return true;
-                    }
-                }
-                Err(_) => return false,
-            }
-        }
-        false
-    }
-
-    /// Everything the server has logged so far.
-    fn drain_log(&mut self) -> String {
-        while let Ok(line) = self.lines.try_recv() {
-            self.log.push(line);
-        }
-        self.log.join("\n")
+        let model = model.to_str().expect("a UTF-8 model path");
+        Server(ServeProcess::start(
+            &[
+                "--model",
+                model,
+                "--served-model-name",
+                "caracal-e2e",
+                // Codex sends no temperature: greedy defaults make the turn
+                // repeatable (SmolLM2 answers and stops instead of rambling).
+                "--override-generation-config",
+                r#"{"temperature": 0}"#,
+            ],
+            600,
+        ))
     }
 
     /// `caracal_requests_total{endpoint="<endpoint>"}` from `/metrics`.
@@ -167,13 +124,6 @@ impl Server {
             .and_then(|v| v.trim().parse::<f64>().ok())
             .map(|v| v as u64)
             .unwrap_or_else(|| panic!("no {key} in /metrics:\n{body}"))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
