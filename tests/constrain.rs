@@ -19,8 +19,9 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use caracal::chat::toolcall::{K2StreamParser, K3StreamParser, ParseEvent};
-use caracal::constrain::formats::hermes;
+use caracal::chat::toolcall::{
+    HermesStreamParser, K2StreamParser, K3StreamParser, ParseEvent, StreamParser,
+};
 use caracal::constrain::{
     Constraint, ConstraintFactory, ConstraintSpec, TokenEnv, ToolChoice, ToolDecl, ToolFormat,
     ToolsSpec,
@@ -198,31 +199,15 @@ impl Run {
 
     /// Parses an output; the calls as (name, arguments), or what was malformed.
     fn parse(&self, text: &str) -> Result<Vec<(String, Value)>, String> {
-        let events = match self.format {
-            ToolFormat::KimiK2 { .. } => {
-                let mut p = K2StreamParser::new();
-                let mut e = p.push(text);
-                e.extend(p.finish());
-                e
-            }
-            ToolFormat::KimiK3 { thinking } => {
-                let mut p = K3StreamParser::new(thinking);
-                let mut e = p.push(text);
-                e.extend(p.finish());
-                e
-            }
-            ToolFormat::Hermes => {
-                let out = hermes::parse(text);
-                if !out.errors.is_empty() {
-                    return Err(out.errors.join("; "));
-                }
-                return Ok(out
-                    .calls
-                    .into_iter()
-                    .map(|c| (c.name, c.arguments))
-                    .collect());
-            }
+        // The parsers the gateway runs on model output, so a call that
+        // passes here is a call a client receives.
+        let mut parser: Box<dyn StreamParser> = match self.format {
+            ToolFormat::KimiK2 { .. } => Box::new(K2StreamParser::new()),
+            ToolFormat::KimiK3 { thinking } => Box::new(K3StreamParser::new(thinking)),
+            ToolFormat::Hermes => Box::new(HermesStreamParser::new()),
         };
+        let mut events = parser.push(text);
+        events.extend(parser.finish());
         let mut calls: Vec<(String, String)> = Vec::new();
         for e in events {
             match e {

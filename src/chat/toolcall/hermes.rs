@@ -235,6 +235,23 @@ fn read_prefix(s: &str) -> Prefix {
     }
 }
 
+/// Whether JSON text `s` ends inside a string literal (an odd number of
+/// unescaped quotes).
+fn in_json_string(s: &str) -> bool {
+    let mut inside = false;
+    let mut escaped = false;
+    for b in s.bytes() {
+        if escaped {
+            escaped = false;
+        } else if inside && b == b'\\' {
+            escaped = true;
+        } else if b == b'"' {
+            inside = !inside;
+        }
+    }
+    inside
+}
+
 /// Length of the tail of `s` that may be the call's closing `}` (and whitespace).
 fn closing_tail(s: &str) -> usize {
     let trimmed = s.trim_end();
@@ -291,6 +308,12 @@ impl HermesStreamParser {
             Piece::Marker(CALL_OPEN) if self.call.is_none() => {
                 self.after_call = None;
                 self.call = Some(OpenCall::default());
+            }
+            // `</tool_call>` inside a JSON string of the call is argument text.
+            Piece::Marker(CALL_CLOSE)
+                if self.call.as_ref().is_some_and(|c| in_json_string(&c.buf)) =>
+            {
+                self.on_text(HERMES_MARKERS[CALL_CLOSE].to_string(), events);
             }
             Piece::Marker(CALL_CLOSE) if self.call.is_some() => {
                 self.close_call(events);
@@ -492,6 +515,31 @@ mod tests {
         }
         let bounds: Vec<usize> = OUT.char_indices().map(|(i, _)| i).skip(1).collect();
         assert_eq!(feed(OUT, &bounds), want());
+    }
+
+    #[test]
+    fn markers_inside_argument_strings_stay_arguments() {
+        let text = "Sure.<tool_call>\n{\"name\":\"f\",\"arguments\":{\"a\":\"</tool_call>\"}}\n</tool_call>";
+        let mut calls = Vec::new();
+        let mut content = String::new();
+        for e in feed(text, &[]) {
+            match e {
+                ParseEvent::Content(c) => content.push_str(&c),
+                ParseEvent::ToolCallStart { name, .. } => calls.push((name, String::new())),
+                ParseEvent::ToolCallArgs { delta, .. } => {
+                    calls.last_mut().unwrap().1.push_str(&delta)
+                }
+                ParseEvent::Malformed { message, .. } => panic!("{message}"),
+                _ => {}
+            }
+        }
+        assert_eq!(content, "Sure.");
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].0, "f");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&calls[0].1).unwrap(),
+            serde_json::json!({"a": "</tool_call>"})
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //!
 //! - [`kimi_k2`]: what [`crate::chat::toolcall::K2StreamParser`] parses;
 //! - [`kimi_k3`]: what [`crate::chat::toolcall::K3StreamParser`] parses;
-//! - [`hermes`]: what [`hermes::parse`] parses.
+//! - [`hermes`]: what the gateway's [`crate::chat::toolcall::HermesStreamParser`] parses.
 //!
 //! Shared rules: tool names are only the declared ones (only the named one
 //! under `tool_choice: {"function": …}`), each call's arguments follow that
