@@ -194,6 +194,7 @@ pub(crate) fn forward_one(
                 tokens,
                 state,
                 logits,
+                embeds: &[],
             }],
         )
     })?)

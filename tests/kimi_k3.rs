@@ -66,6 +66,7 @@ fn forward(
                 tokens,
                 state,
                 logits: mode,
+                embeds: &[],
             }],
         )
         .unwrap()
@@ -210,11 +211,13 @@ fn batched_forward_equals_separate_forwards() {
                     tokens: &a,
                     state: &mut sa,
                     logits: LogitsMode::All,
+                    embeds: &[],
                 },
                 SeqBatch {
                     tokens: &b,
                     state: &mut sb,
                     logits: LogitsMode::All,
+                    embeds: &[],
                 },
             ],
         )
@@ -237,11 +240,13 @@ fn batched_forward_equals_separate_forwards() {
                     tokens: &[3],
                     state: &mut sa,
                     logits: LogitsMode::Last,
+                    embeds: &[],
                 },
                 SeqBatch {
                     tokens: &[4],
                     state: &mut sb,
                     logits: LogitsMode::Last,
+                    embeds: &[],
                 },
             ],
         )

@@ -98,6 +98,7 @@ fn check_incremental(name: &str) {
                 tokens: &seq[..split],
                 state: &mut state,
                 logits: LogitsMode::All,
+                embeds: &[],
             }],
         )
         .unwrap();
@@ -110,6 +111,7 @@ fn check_incremental(name: &str) {
                         tokens: &[*t],
                         state: &mut state,
                         logits: LogitsMode::Last,
+                        embeds: &[],
                     }],
                 )
                 .unwrap(),
@@ -144,11 +146,13 @@ fn check_batched(name: &str) {
                     tokens: &a,
                     state: &mut sa,
                     logits: LogitsMode::All,
+                    embeds: &[],
                 },
                 SeqBatch {
                     tokens: &b,
                     state: &mut sb,
                     logits: LogitsMode::All,
+                    embeds: &[],
                 },
             ],
         )
@@ -171,11 +175,13 @@ fn check_batched(name: &str) {
                     tokens: &[3],
                     state: &mut sa,
                     logits: LogitsMode::Last,
+                    embeds: &[],
                 },
                 SeqBatch {
                     tokens: &[4],
                     state: &mut sb,
                     logits: LogitsMode::Last,
+                    embeds: &[],
                 },
             ],
         )

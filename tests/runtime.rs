@@ -229,6 +229,7 @@ fn wrong_kda_snapshot_changes_the_output() {
                 tokens: t,
                 state: st,
                 logits: mode,
+                embeds: &[],
             }],
         )
         .unwrap()

@@ -81,6 +81,21 @@ pub enum LogitsMode {
     None,
 }
 
+/// Embedding rows that replace the token embeddings of some of a batch
+/// entry's new tokens: a media span (image or video chunk) whose placeholder
+/// ids stand for the vision tower's output.
+#[derive(Debug, Clone)]
+pub struct EmbedSpan {
+    /// Index into the entry's `tokens` of the first replaced token.
+    pub offset: usize,
+    /// The span's rows, `[n, hidden]` row-major (the whole media item).
+    pub rows: Arc<[f32]>,
+    /// First row of `rows` used here (a prefill chunk may start inside a span).
+    pub first_row: usize,
+    /// Rows used here, replacing `tokens[offset..offset + len]`.
+    pub len: usize,
+}
+
 /// One sequence's share of a batched forward.
 pub struct SeqBatch<'a> {
     /// New tokens, appended at position `state.len`.
@@ -89,6 +104,9 @@ pub struct SeqBatch<'a> {
     pub state: &'a mut SeqState,
     /// Which logits to return.
     pub logits: LogitsMode,
+    /// Media spans among `tokens` whose embeddings come from the vision
+    /// tower instead of the embedding table (empty for text).
+    pub embeds: &'a [EmbedSpan],
 }
 
 /// A decoder-only language model.
@@ -112,6 +130,53 @@ pub trait CausalLm: Send + Sync {
     fn as_moe(&self) -> Option<&dyn MoeModel> {
         None
     }
+
+    /// The vision capability, for models with a vision tower.
+    fn vision(&self) -> Option<&dyn VisionTower> {
+        None
+    }
+}
+
+/// One preprocessed media item for the vision tower: an image (`t = 1`) or a
+/// video chunk of up to `temporal_merge` frames.
+#[derive(Debug, Clone)]
+pub struct VisionInput {
+    /// `[t·h·w, 3, patch, patch]` patches, frame-major then raster order.
+    pub pixel_values: Vec<f32>,
+    /// Frames, patch rows and patch columns: `[t, h, w]`.
+    pub grid_thw: [usize; 3],
+}
+
+/// Static facts about a vision tower.
+#[derive(Debug, Clone)]
+pub struct VisionInfo {
+    /// Pixels per patch side (14).
+    pub patch_size: usize,
+    /// Spatial merge per side (2: each LM token is 2×2 patches).
+    pub merge_size: usize,
+    /// Most frames in one chunk (the temporal merge; 4).
+    pub max_frames: usize,
+    /// Width of each output row (the text model's hidden size).
+    pub out_dim: usize,
+    /// Placeholder id that media tokens are expanded to (`<|media_pad|>`).
+    pub placeholder_id: u32,
+}
+
+/// Optional capability of vision-language models: the tower, its patch
+/// merger and projector, from patches to rows of LM input embeddings.
+pub trait VisionTower: Send + Sync {
+    /// Static facts about the tower.
+    fn info(&self) -> &VisionInfo;
+
+    /// LM tokens one item of grid `[t, h, w]` becomes (`h·w / merge²`).
+    fn num_tokens(&self, grid_thw: [usize; 3]) -> usize {
+        let m = self.info().merge_size;
+        grid_thw[1] * grid_thw[2] / (m * m)
+    }
+
+    /// Encodes several items in one packed pass (attention stays within each
+    /// item). Returns per item `[num_tokens, out_dim]` rows, row-major.
+    fn encode(&self, items: &[VisionInput]) -> Result<Vec<Vec<f32>>, EngineError>;
 }
 
 /// One routed expert's feed-forward network.

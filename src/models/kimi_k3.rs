@@ -44,7 +44,7 @@ use super::kimi_linear::Mixer;
 use super::layers::attn_res::{AttnResWeights, BlockHistory};
 use super::layers::moe::{impl_moe_model, Ffn};
 use super::layers::{
-    add_inplace, check_linear_states, embed, load_lm_head, logits, model_info, BatchLayout,
+    add_inplace, check_linear_states, load_lm_head, logits, model_info, BatchLayout,
     MissingHead, RmsNorm,
 };
 use super::{CausalLm, EngineError, ModelInfo, MoeModel, SeqBatch, SeqState};
@@ -193,7 +193,7 @@ impl CausalLm for KimiK3 {
         let d = self.embed_tokens.cols;
         // `prefix`: the running sum of the current block (the residual
         // stream itself when AttnRes is off); it starts as the embedding.
-        let mut prefix = embed(&self.embed_tokens, &layout.tokens)?;
+        let mut prefix = layout.embed(&self.embed_tokens)?;
         let mut blocks = BlockHistory::new(layout.rows, d, self.eps);
         for (l, layer) in self.layers.iter().enumerate() {
             match (&layer.attn_res, self.block_size) {

@@ -21,7 +21,7 @@ use super::layers::kda::{KdaAttention, KdaOptions};
 use super::layers::mla::{MlaAttention, MlaOptions};
 use super::layers::moe::{impl_moe_model, Ffn};
 use super::layers::{
-    add_inplace, check_linear_states, embed, load_lm_head, logits, model_info, BatchLayout,
+    add_inplace, check_linear_states, load_lm_head, logits, model_info, BatchLayout,
     MissingHead, RmsNorm,
 };
 use super::{CausalLm, EngineError, ModelInfo, MoeModel, SeqBatch, SeqState};
@@ -199,7 +199,7 @@ impl CausalLm for KimiLinear {
             self.info.kv_layers > 0,
             self.info.max_position,
         )?;
-        let mut h = embed(&self.embed_tokens, &layout.tokens)?;
+        let mut h = layout.embed(&self.embed_tokens)?;
         for layer in &self.layers {
             let x = layer.input_layernorm.forward(&h);
             let a = layer.mixer.forward(&x, &layout, batch, cache);

@@ -31,7 +31,7 @@ use caracal_kernels::Matrix;
 use super::layers::gqa::GqaAttention;
 use super::layers::moe::{impl_moe_model, Ffn};
 use super::layers::{
-    add_inplace, embed, load_lm_head, logits, model_info, BatchLayout, MissingHead, RmsNorm,
+    add_inplace, load_lm_head, logits, model_info, BatchLayout, MissingHead, RmsNorm,
 };
 use super::{CausalLm, EngineError, ModelInfo, MoeModel, SeqBatch, SeqState};
 use crate::checkpoint::arch::Arch;
@@ -143,7 +143,7 @@ impl CausalLm for Llama {
         batch: &mut [SeqBatch<'_>],
     ) -> std::result::Result<Vec<f32>, EngineError> {
         let layout = BatchLayout::prepare(batch, cache, true, self.info.max_position)?;
-        let mut h = embed(&self.embed_tokens, &layout.tokens)?;
+        let mut h = layout.embed(&self.embed_tokens)?;
         for layer in &self.layers {
             let a = layer.self_attn.forward(
                 &layer.input_layernorm.forward(&h),

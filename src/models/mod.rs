@@ -28,8 +28,8 @@ pub use crate::checkpoint::LoadOptions;
 use crate::error::{Error, Result};
 
 pub use caracal_actors::engine::{
-    CausalLm, EngineError, ExpertDispatch, ExpertFfn, LinearState, LogitsMode, ModelInfo, MoeModel,
-    SeqBatch, SeqState,
+    CausalLm, EmbedSpan, EngineError, ExpertDispatch, ExpertFfn, LinearState, LogitsMode,
+    ModelInfo, MoeModel, SeqBatch, SeqState, VisionInfo, VisionInput, VisionTower,
 };
 
 /// Loads the model in `dir` with the default [`LoadOptions`] (f32

@@ -759,6 +759,7 @@ impl SchedulerState {
                 tokens,
                 state: &mut r.state,
                 logits: *mode,
+                embeds: &[],
             });
         }
         // On a pool worker: the kernels' parallel calls then skip the

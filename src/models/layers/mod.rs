@@ -20,7 +20,7 @@ use caracal_kernels::Matrix;
 use crate::checkpoint::arch::{Arch, AttentionKind, Family};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::models::{EngineError, LogitsMode, ModelInfo, SeqBatch};
+use crate::models::{EmbedSpan, EngineError, LogitsMode, ModelInfo, SeqBatch};
 
 /// Where each sequence's rows sit in the flat batch.
 #[derive(Debug, Clone)]
@@ -48,6 +48,8 @@ pub struct BatchLayout {
     pub tokens: Vec<u32>,
     /// Position of every row.
     pub positions: Vec<usize>,
+    /// Media rows replacing token embeddings: `(first batch row, span)`.
+    pub embeds: Vec<(usize, EmbedSpan)>,
 }
 
 impl BatchLayout {
@@ -61,6 +63,7 @@ impl BatchLayout {
         let mut seqs = Vec::with_capacity(batch.len());
         let mut tokens = Vec::new();
         let mut positions = Vec::new();
+        let mut embeds = Vec::new();
         for s in batch.iter_mut() {
             if s.tokens.is_empty() {
                 return Err(Error::InvalidRequest(
@@ -85,6 +88,10 @@ impl BatchLayout {
                 block_table: s.state.block_table.clone(),
                 logits: s.logits,
             });
+            for e in s.embeds {
+                check_embed_span(e, s.tokens.len())?;
+                embeds.push((tokens.len() + e.offset, e.clone()));
+            }
             positions.extend(s.state.len..end);
             tokens.extend_from_slice(s.tokens);
         }
@@ -93,6 +100,7 @@ impl BatchLayout {
             seqs,
             tokens,
             positions,
+            embeds,
         })
     }
 
@@ -107,6 +115,27 @@ impl BatchLayout {
             }
         }
         rows
+    }
+
+    /// Input rows of the batch: token embeddings from `table`, with media
+    /// spans' rows written over their placeholder positions.
+    pub fn embed(&self, table: &Matrix) -> Result<Vec<f32>> {
+        let mut x = embed(table, &self.tokens)?;
+        let d = table.cols;
+        for (row, e) in &self.embeds {
+            let have = e.rows.len() / d;
+            if e.rows.len() % d != 0 || e.first_row + e.len > have {
+                return Err(Error::InvalidRequest(format!(
+                    "media span wants rows {}..{} of {} values ({have} rows of width {d})",
+                    e.first_row,
+                    e.first_row + e.len,
+                    e.rows.len()
+                )));
+            }
+            let src = &e.rows[e.first_row * d..(e.first_row + e.len) * d];
+            x[row * d..(row + e.len) * d].copy_from_slice(src);
+        }
+        Ok(x)
     }
 
     /// Advances every sequence's length after a successful forward.
@@ -234,6 +263,17 @@ impl Mlp {
         self.act.apply(&gate, &up, &mut h);
         self.down_proj.forward(&h)
     }
+}
+
+/// Checks that a media span lies within its entry's `n` new tokens.
+fn check_embed_span(e: &EmbedSpan, n: usize) -> Result<()> {
+    if !e.offset.checked_add(e.len).is_some_and(|end| end <= n) {
+        return Err(Error::InvalidRequest(format!(
+            "media span (offset {}, {} rows) lies outside its {n} new tokens",
+            e.offset, e.len
+        )));
+    }
+    Ok(())
 }
 
 /// Looks up embedding rows for `tokens`.
