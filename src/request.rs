@@ -341,6 +341,7 @@ impl RequestSpec {
                 frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             },
             stop: StopConditions { ids, strings },
+            ..Default::default()
         })
     }
 }

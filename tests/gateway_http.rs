@@ -216,7 +216,7 @@ async fn bad_input_gets_a_stable_error_and_the_server_keeps_serving() {
         (br#"{"messages":[{"role":"user","content":"x"}],"temperature":7}"#.to_vec(), 400, "invalid_value", Some("temperature")),
         (br#"{"messages":[{"role":"wizard","content":"x"}]}"#.to_vec(), 400, "invalid_value", Some("messages[0].role")),
         (br#"{"messages":[{"role":"user","content":"x"}],"model":"gpt-9"}"#.to_vec(), 404, "model_not_found", Some("model")),
-        (br#"{"messages":[{"role":"user","content":"x"}],"logprobs":true}"#.to_vec(), 400, "unsupported_parameter", Some("logprobs")),
+        (br#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#.to_vec(), 400, "invalid_value", Some("top_logprobs")),
         (br#"{"messages":[{"role":"user","content":"x"}],"n":2}"#.to_vec(), 400, "unsupported_parameter", Some("n")),
         (br#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AA=="}}]}]}"#.to_vec(), 400, "unsupported_parameter", Some("messages[0].content[0]")),
         (br#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}}"#.to_vec(), 400, "unknown_tool", Some("tool_choice")),

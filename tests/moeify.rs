@@ -259,7 +259,7 @@ async fn collect(mut rx: tokio::sync::mpsc::Receiver<TokenEvent>) -> Vec<u32> {
     let mut ids = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
-            TokenEvent::Token { id } => ids.push(id),
+            TokenEvent::Token { id, .. } => ids.push(id),
             TokenEvent::Finished { .. } => return ids,
             TokenEvent::Error { kind, message } => panic!("{kind}: {message}"),
         }
@@ -297,6 +297,7 @@ fn expert_parallel_2_and_4_give_the_dense_greedy_tokens() {
                     ids: stop,
                     strings: Vec::new(),
                 },
+                ..Default::default()
             };
             let ids = collect(engine.submit(req).await.unwrap()).await;
             let counts = engine.shards.as_ref().unwrap().counts().await;

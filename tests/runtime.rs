@@ -35,6 +35,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize, session: Option<&str>) -> ValidRe
         max_tokens,
         sampling: SamplingParams::greedy(),
         stop: StopConditions::default(),
+        ..Default::default()
     }
 }
 
@@ -50,7 +51,7 @@ async fn collect(mut rx: mpsc::Receiver<TokenEvent>) -> Done {
     let mut ids = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
-            TokenEvent::Token { id } => ids.push(id),
+            TokenEvent::Token { id, .. } => ids.push(id),
             TokenEvent::Finished { cache, .. } => {
                 return Done {
                     ids,
@@ -425,4 +426,86 @@ proptest! {
         s.memory().check_quiescent().map_err(|e| TestCaseError::fail(e))?;
         prop_assert_eq!(s.stats().running, 0);
     }
+}
+
+/// Media spans replace placeholder embeddings: a prompt whose placeholders
+/// carry the embedding rows of other tokens generates exactly what those
+/// tokens generate, across prefill chunks that split the span, and the
+/// span's content key (not its placeholder ids) decides cache hits.
+#[test]
+fn media_rows_stand_for_their_tokens_through_the_scheduler() {
+    use caracal::checkpoint::Checkpoint;
+    use caracal_actors::engine::EmbedSpan;
+    let dir = fixture("tiny-kimi-linear");
+    let m = model("tiny-kimi-linear");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let hidden = config["hidden_size"].as_u64().unwrap() as usize;
+    let vocab = m.info().vocab_size;
+    let table = Checkpoint::open(&dir)
+        .unwrap()
+        .matrix("model.embed_tokens.weight", vocab, hidden)
+        .unwrap();
+    let text: Vec<u32> = (0..30u32).map(|j| 20 + (j * 37) % 300).collect();
+    let (at, n) = (6usize, 17usize);
+    let mut rows = vec![0.0f32; n * hidden];
+    for (i, &t) in text[at..at + n].iter().enumerate() {
+        table.row_f32(t as usize, &mut rows[i * hidden..(i + 1) * hidden]);
+    }
+    let rows: Arc<[f32]> = Arc::from(rows);
+    let placeholder = 3u32;
+    let with_media = |hash: u64| {
+        let mut prompt = text.clone();
+        prompt[at..at + n].fill(placeholder);
+        let mut key: Vec<u64> = prompt.iter().map(|&t| u64::from(t)).collect();
+        for (i, k) in key[at..at + n].iter_mut().enumerate() {
+            *k = (1 << 63) | (hash << 8) | i as u64;
+        }
+        let mut r = greedy(prompt, 8, Some("s"));
+        r.cache_key = Some(key);
+        r.media = vec![EmbedSpan {
+            offset: at,
+            rows: rows.clone(),
+            first_row: 0,
+            len: n,
+        }];
+        r
+    };
+    let want = reference(m.as_ref(), &text, 8);
+    let (first, again, other) = actix::System::new().block_on(async {
+        let engine = Engine::start(m.clone(), small_pages(), None);
+        let first = collect(engine.submit(with_media(7)).await.unwrap()).await;
+        let again = collect(engine.submit(with_media(7)).await.unwrap()).await;
+        let other = collect(engine.submit(with_media(8)).await.unwrap()).await;
+        (first, again, other)
+    });
+    assert_eq!(
+        first.ids, want,
+        "chunked prefill of 7 splits the 17-row span"
+    );
+    assert_eq!(again.ids, want);
+    assert!(
+        again.cached > at + n,
+        "the same media hits the cache: {again:?}"
+    );
+    assert!(
+        other.cached <= at,
+        "other media misses at its span: {other:?}"
+    );
+    // A span without a content key, or outside the prompt, is refused.
+    actix::System::new().block_on(async {
+        let engine = Engine::start(m.clone(), small_pages(), None);
+        let mut bad = with_media(1);
+        bad.cache_key = None;
+        assert!(matches!(
+            engine.submit(bad).await,
+            Err(SubmitError::Invalid(_))
+        ));
+        let mut bad = with_media(1);
+        bad.media[0].offset = 20;
+        assert!(matches!(
+            engine.submit(bad).await,
+            Err(SubmitError::Invalid(_))
+        ));
+    });
 }

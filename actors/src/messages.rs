@@ -17,6 +17,7 @@ use caracal_kernels::sampling::SamplingParams;
 use tokio::sync::mpsc;
 
 use crate::constraint::SeqConstraint;
+use crate::engine::EmbedSpan;
 
 /// Identifies one request inside the scheduler (assigned when it is submitted).
 pub type RequestId = u64;
@@ -31,7 +32,7 @@ pub struct StopConditions {
 }
 
 /// A request the gateway has validated: the only thing the scheduler accepts.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ValidRequest {
     /// Session (agent connection) the request belongs to, for fairness and pins.
     pub session: Option<String>,
@@ -46,6 +47,29 @@ pub struct ValidRequest {
     pub sampling: SamplingParams,
     /// Stop ids and strings.
     pub stop: StopConditions,
+    /// Log-probabilities to report per generated token: `None` for none,
+    /// `Some(k)` for the sampled token's plus the `k` most likely (k ≤
+    /// [`MAX_TOP_LOGPROBS`]). Computed from the model's raw logits (before
+    /// penalties, temperature and grammar masks); a request that asks for
+    /// them gets no jump-forward, so every token has its own.
+    pub logprobs: Option<usize>,
+    /// Media spans of the prompt: `offset` is the prompt index of the first
+    /// placeholder, `rows` the tower's output for the whole item
+    /// (`first_row` 0, `len` its token count). Needs a `cache_key` that keys
+    /// those positions by content.
+    pub media: Vec<EmbedSpan>,
+}
+
+/// Most alternatives a request may ask for per token (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Log-probabilities of one generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// Natural-log probability of the generated token.
+    pub logprob: f32,
+    /// The most likely tokens at this step, most likely first.
+    pub top: Vec<(u32, f32)>,
 }
 
 /// Writes a kind enum as its stable spelling (JSON string).
@@ -218,6 +242,8 @@ pub enum TokenEvent {
     Token {
         /// The id.
         id: u32,
+        /// Its log-probabilities, when the request asked for them.
+        logprob: Option<Box<TokenLogprob>>,
     },
     /// The request ended normally.
     Finished {

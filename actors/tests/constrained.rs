@@ -104,7 +104,7 @@ fn read_ready(rx: &mut mpsc::Receiver<TokenEvent>) -> (Vec<u32>, Option<End>) {
     let mut ids = Vec::new();
     while let Ok(ev) = rx.try_recv() {
         match ev {
-            TokenEvent::Token { id } => ids.push(id),
+            TokenEvent::Token { id, .. } => ids.push(id),
             TokenEvent::Finished {
                 reason,
                 completion_tokens,

@@ -39,7 +39,7 @@ fn read_all(mut rx: mpsc::Receiver<TokenEvent>) -> Stream {
     let mut ids = Vec::new();
     while let Some(ev) = rx.blocking_recv() {
         match ev {
-            TokenEvent::Token { id } => ids.push(id),
+            TokenEvent::Token { id, .. } => ids.push(id),
             TokenEvent::Finished { reason, cache, .. } => {
                 return Stream {
                     ids,
@@ -408,7 +408,7 @@ fn state_under_pressure_is_quiescent_afterwards() {
                 let Some(rx) = slot else { continue };
                 for ev in read_ready(rx) {
                     match ev {
-                        TokenEvent::Token { id: t } => ids.push(t),
+                        TokenEvent::Token { id: t, .. } => ids.push(t),
                         TokenEvent::Finished { .. } => {
                             assert_eq!(*ids, expected(prompt, ids.len()), "request {id}");
                             *slot = None;

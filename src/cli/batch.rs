@@ -122,7 +122,7 @@ pub fn run(a: BatchArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
             let mut t_first = None;
             while let Some(ev) = rx.recv().await {
                 match ev {
-                    TokenEvent::Token { id } => {
+                    TokenEvent::Token { id, .. } => {
                         t_first.get_or_insert_with(Instant::now);
                         ids.push(id);
                     }

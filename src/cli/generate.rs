@@ -258,6 +258,7 @@ fn constrained(
             ids: req.stop_ids.clone(),
             strings: Vec::new(),
         },
+        ..Default::default()
     };
     let sys = actix::System::new();
     let t0 = std::time::Instant::now();
@@ -271,7 +272,7 @@ fn constrained(
         let mut ids = Vec::new();
         while let Some(ev) = rx.recv().await {
             match ev {
-                TokenEvent::Token { id } => ids.push(id),
+                TokenEvent::Token { id, .. } => ids.push(id),
                 TokenEvent::Finished { reason, .. } => return Ok((ids, reason.as_str())),
                 TokenEvent::Error { kind, message } => bail!("{kind}: {message}"),
             }

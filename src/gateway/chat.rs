@@ -7,7 +7,8 @@
 //! `stream_options.include_usage`. Tool calls in the model's own format
 //! come back as `tool_calls` (streamed as argument deltas: `id`, `type` and
 //! `name` once in a call's first delta, then only `arguments`), reasoning
-//! as `reasoning_content`. `logprobs` and `n` > 1 are refused with
+//! as `reasoning_content`. `logprobs` / `top_logprobs` give per-token
+//! log-probabilities ([`super::logprobs`]); `n` > 1 is refused with
 //! `unsupported_parameter`.
 //!
 //! Output constraints (on by default): declared `tools` constrain the
@@ -29,13 +30,14 @@ use tokio::sync::mpsc;
 
 use super::error::{ApiError, ApiResult};
 use super::fields::{as_object, Fields};
-use super::generation::{self, Finish, GenEvent, GenRequest, GenSummary};
+use super::generation::{self, Finish, GenEvent, GenRequest, GenSummary, LogprobEntry};
 use super::http::{check_model, ok_json, read_json, sse_done, sse_frame, sse_response, SSE_BUFFER};
+use super::logprobs;
 use super::metrics::Endpoint;
 use super::model::{Conversation, ToolChoiceSpec};
 use super::params::{
-    compile_constraint, read_output_format, read_sampling, refuse_logprobs, refuse_n,
-    valid_request, OutputConstraint,
+    compile_constraint, read_output_format, read_sampling, refuse_n, valid_request,
+    OutputConstraint,
 };
 use super::{new_id, unix_now, AppState};
 use crate::chat::toolcall::{Message, MessageContent};
@@ -228,6 +230,8 @@ pub struct Collected {
     pub reasoning: String,
     /// Tool calls.
     pub calls: Vec<CollectedCall>,
+    /// Per-token log-probabilities (when asked for).
+    pub logprobs: Vec<LogprobEntry>,
 }
 
 impl Collected {
@@ -247,6 +251,7 @@ impl Collected {
                 }
             }
             GenEvent::ToolEnd { .. } => {}
+            GenEvent::Logprob(e) => self.logprobs.push(e),
             GenEvent::Finished(s) => return Some(Ok(s)),
             GenEvent::Failed(e) => return Some(Err(e)),
         }
@@ -275,13 +280,15 @@ struct ChatRequest {
     include_usage: bool,
     /// Keep only the first tool call.
     parallel_tool_calls: bool,
+    /// Log-probabilities asked for.
+    logprobs: bool,
 }
 
 async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
     let obj: Map<String, Value> = read_json(&state, body).await?;
     let f = Fields::new(&obj);
     let model = check_model(&state, f.str("model")?.as_deref())?;
-    refuse_logprobs(&f)?;
+    let logprobs = logprobs::read_chat(&f)?;
     refuse_n(&f)?;
     let format = read_output_format(&state, "response_format", f.raw("response_format"))?;
     let list = f
@@ -332,12 +339,14 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
     };
     let text = state.model.render(&conv)?;
     let prompt = state.model.encode(&text, None)?;
-    let valid = valid_request(&state, prompt, &sampling, f.str("user")?)?;
+    let mut valid = valid_request(&state, prompt, &sampling, f.str("user")?)?;
+    valid.logprobs = logprobs;
     let req = ChatRequest {
         model,
         stream,
         include_usage,
         parallel_tool_calls: parallel_tool_calls.unwrap_or(true),
+        logprobs: logprobs.is_some(),
     };
     let rx = generation::start_with(
         &state,
@@ -359,7 +368,12 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
             c.calls.truncate(1);
         }
         return Ok(ok_json(&completion_object(
-            &id, created, &req.model, &c, &summary,
+            &id,
+            created,
+            &req.model,
+            &c,
+            &summary,
+            req.logprobs,
         )));
     }
     let (tx, frames) = mpsc::channel::<Bytes>(SSE_BUFFER);
@@ -376,7 +390,14 @@ fn finish_reason(s: &GenSummary, calls: bool) -> &'static str {
     }
 }
 
-fn completion_object(id: &str, created: u64, model: &str, c: &Collected, s: &GenSummary) -> Value {
+fn completion_object(
+    id: &str,
+    created: u64,
+    model: &str,
+    c: &Collected,
+    s: &GenSummary,
+    logprobs: bool,
+) -> Value {
     let mut message = json!({
         "role": "assistant",
         "content": if c.text.is_empty() && !c.calls.is_empty() { Value::Null } else { json!(c.text) },
@@ -403,7 +424,7 @@ fn completion_object(id: &str, created: u64, model: &str, c: &Collected, s: &Gen
         "choices": [{
             "index": 0,
             "message": message,
-            "logprobs": null,
+            "logprobs": if logprobs { logprobs::chat_json(&c.logprobs) } else { Value::Null },
             "finish_reason": finish_reason(s, !c.calls.is_empty()),
         }],
         "usage": usage(s),
@@ -418,11 +439,19 @@ async fn stream_chunks(
     created: u64,
     req: ChatRequest,
 ) {
+    // Entries of tokens whose text has not been sent yet.
+    let pending = std::sync::Mutex::new(Vec::<LogprobEntry>::new());
     let chunk = |delta: Value, finish: Option<&str>| {
+        let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+        let lp = if req.logprobs && (!pending.is_empty() || finish.is_some()) {
+            logprobs::chat_json(&std::mem::take(&mut *pending))
+        } else {
+            Value::Null
+        };
         let mut c = json!({
             "id": id, "object": "chat.completion.chunk", "created": created, "model": req.model,
             "system_fingerprint": null,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}],
         });
         if req.include_usage {
             c["usage"] = Value::Null;
@@ -466,6 +495,10 @@ async fn stream_chunks(
                 )
             }
             GenEvent::ToolEnd { .. } => continue,
+            GenEvent::Logprob(e) => {
+                pending.lock().unwrap_or_else(|e| e.into_inner()).push(e);
+                continue;
+            }
             GenEvent::Finished(s) => {
                 if tx
                     .send(chunk(json!({}), Some(finish_reason(&s, calls > 0))))

@@ -13,10 +13,11 @@ use tokio::sync::mpsc;
 use super::chat::{collect, usage};
 use super::error::{ApiError, ApiResult};
 use super::fields::Fields;
-use super::generation::{self, Finish, GenEvent, GenRequest, GenSummary};
+use super::generation::{self, Finish, GenEvent, GenRequest, GenSummary, LogprobEntry};
 use super::http::{check_model, ok_json, read_json, sse_done, sse_frame, sse_response, SSE_BUFFER};
+use super::logprobs;
 use super::metrics::Endpoint;
-use super::params::{read_sampling, refuse_logprobs, refuse_n, valid_request};
+use super::params::{read_sampling, refuse_n, valid_request};
 use super::{new_id, unix_now, AppState};
 
 /// Handles one request.
@@ -78,7 +79,7 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
     let obj = read_json(&state, body).await?;
     let f = Fields::new(&obj);
     let model = check_model(&state, f.str("model")?.as_deref())?;
-    refuse_logprobs(&f)?;
+    let logprobs = logprobs::read_completions(&f)?;
     refuse_n(&f)?;
     if f.bool("echo")?.unwrap_or(false) {
         return Err(ApiError::unsupported("echo", "the prompt is not echoed"));
@@ -93,7 +94,9 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
     let mut sampling = read_sampling(&f, &["max_tokens"], &state.config.sampling_defaults)?;
     // The Completions API's default budget is 16 tokens.
     sampling.max_tokens = sampling.max_tokens.or(Some(16));
-    let valid = valid_request(&state, prompt, &sampling, f.str("user")?)?;
+    let mut valid = valid_request(&state, prompt, &sampling, f.str("user")?)?;
+    valid.logprobs = logprobs;
+    let want_lp = logprobs.is_some();
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.object("stream_options")? {
         Some(o) => Fields::nested(o, "stream_options")
@@ -119,18 +122,23 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
         return Ok(ok_json(&json!({
             "id": id, "object": "text_completion", "created": created, "model": model,
             "system_fingerprint": null,
-            "choices": [{"index": 0, "text": c.text, "logprobs": null, "finish_reason": finish_reason(&s)}],
+            "choices": [{"index": 0, "text": c.text,
+                         "logprobs": if want_lp { logprobs::completions_json(&c.logprobs, 0) } else { Value::Null },
+                         "finish_reason": finish_reason(&s)}],
             "usage": usage(&s),
         })));
     }
     let (tx, frames) = mpsc::channel::<Bytes>(SSE_BUFFER);
     tokio::spawn(async move {
         let mut rx = rx;
-        let chunk = |text: &str, finish: Option<&str>| {
+        // Entries of tokens whose text has not been sent, and the text sent so far.
+        let mut pending: Vec<LogprobEntry> = Vec::new();
+        let mut offset = 0usize;
+        let chunk = |text: &str, finish: Option<&str>, lp: Value| {
             let mut c = json!({
                 "id": id, "object": "text_completion", "created": created, "model": model,
                 "system_fingerprint": null,
-                "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+                "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}],
             });
             if include_usage {
                 c["usage"] = Value::Null;
@@ -139,9 +147,30 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
         };
         while let Some(ev) = rx.recv().await {
             let frame = match ev {
-                GenEvent::Text(t) => chunk(&t, None),
+                GenEvent::Logprob(e) => {
+                    pending.push(e);
+                    continue;
+                }
+                GenEvent::Text(t) => {
+                    let lp = if want_lp {
+                        logprobs::completions_json(&std::mem::take(&mut pending), offset)
+                    } else {
+                        Value::Null
+                    };
+                    offset += t.len();
+                    chunk(&t, None, lp)
+                }
                 GenEvent::Finished(s) => {
-                    if tx.send(chunk("", Some(finish_reason(&s)))).await.is_err() {
+                    let lp = if want_lp {
+                        logprobs::completions_json(&std::mem::take(&mut pending), offset)
+                    } else {
+                        Value::Null
+                    };
+                    if tx
+                        .send(chunk("", Some(finish_reason(&s)), lp))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                     if include_usage {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use caracal_actors::constraint::SeqConstraint;
-use caracal_actors::messages::{FinishReason, MissReason, TokenEvent, ValidRequest};
+use caracal_actors::messages::{FinishReason, MissReason, TokenEvent, TokenLogprob, ValidRequest};
 use tokio::sync::{mpsc, watch};
 
 use super::engine::event_error;
@@ -89,10 +89,58 @@ pub enum GenEvent {
         /// The call.
         index: usize,
     },
+    /// Log-probabilities of the next generated token (sent before its text,
+    /// only when the request asked for them; stop ids get none).
+    Logprob(LogprobEntry),
     /// The end; nothing follows.
     Finished(GenSummary),
     /// A failure; nothing follows.
     Failed(ApiError),
+}
+
+/// One token's log-probabilities, with its text (OpenAI's `token`, `bytes`,
+/// `logprob`, `top_logprobs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogprobEntry {
+    /// The token as text (lossy where it is part of a UTF-8 sequence).
+    pub token: String,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+    /// Natural-log probability.
+    pub logprob: f32,
+    /// The most likely alternatives: text, bytes, log-probability.
+    pub top: Vec<(String, Vec<u8>, f32)>,
+}
+
+/// The bytes and text of one token id (exact bytes, partial UTF-8
+/// included; the text is their lossy UTF-8).
+fn token_piece(state: &AppState, id: u32) -> (String, Vec<u8>) {
+    let bytes = state
+        .model
+        .tokenizer
+        .as_deref()
+        .and_then(|t| t.token_bytes(id))
+        .unwrap_or_default();
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+}
+
+/// The wire entry of one token's log-probabilities.
+fn logprob_entry(state: &AppState, id: u32, lp: &TokenLogprob) -> LogprobEntry {
+    let (token, bytes) = token_piece(state, id);
+    let top = lp
+        .top
+        .iter()
+        .map(|&(t, l)| {
+            let (s, b) = token_piece(state, t);
+            (s, b, l)
+        })
+        .collect();
+    LogprobEntry {
+        token,
+        bytes,
+        logprob: lp.logprob,
+        top,
+    }
 }
 
 /// A generation to run.
@@ -192,6 +240,7 @@ pub async fn start_with(
         return Err(ApiError::shutting_down());
     }
     let prompt_tokens = req.valid.prompt.len();
+    let stop_ids = req.valid.stop.ids.clone();
     let t0 = Instant::now();
     let engine_rx = state.engine.submit_with(req.valid, constraint).await?;
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
@@ -206,6 +255,7 @@ pub async fn start_with(
         call_ids: Vec::new(),
         malformed: Vec::new(),
         prompt_tokens,
+        stop_ids,
         t0,
         last: None,
     };
@@ -235,6 +285,8 @@ struct Driver {
     malformed: Vec<String>,
     /// Prompt length.
     prompt_tokens: usize,
+    /// Ids that end generation (no log-probabilities are sent for them).
+    stop_ids: Vec<u32>,
     /// Submission time.
     t0: Instant,
     /// Time of the previous token.
@@ -282,7 +334,7 @@ impl Driver {
                 }
             };
             let result = match ev {
-                Some(TokenEvent::Token { id }) => self.on_token(id).await,
+                Some(TokenEvent::Token { id, logprob }) => self.on_token(id, logprob).await,
                 Some(TokenEvent::Finished { reason, cache, .. }) => {
                     let finish = match reason {
                         FinishReason::Stop => Finish::Stop,
@@ -332,7 +384,7 @@ impl Driver {
         }
     }
 
-    async fn on_token(&mut self, id: u32) -> Result<(), Gone> {
+    async fn on_token(&mut self, id: u32, lp: Option<Box<TokenLogprob>>) -> Result<(), Gone> {
         let now = Instant::now();
         match self.last {
             None => self
@@ -346,6 +398,10 @@ impl Driver {
         self.ids.push(id);
         if self.stop.hit {
             return Ok(());
+        }
+        if let Some(lp) = lp.filter(|_| !self.stop_ids.contains(&id)) {
+            let entry = logprob_entry(&self.state, id, &lp);
+            self.send(GenEvent::Logprob(entry)).await?;
         }
         let delta = match self.state.model.tokenizer.as_deref() {
             Some(tok) => self

@@ -32,6 +32,7 @@ pub mod error;
 pub mod fields;
 pub mod generation;
 pub mod http;
+pub mod logprobs;
 pub mod metrics;
 pub mod model;
 pub mod params;

@@ -171,32 +171,6 @@ pub fn read_sampling(
     })
 }
 
-/// Refuses `logprobs` / `top_logprobs`: the engine streams ids without
-/// their log-probabilities.
-pub fn refuse_logprobs(f: &Fields<'_>) -> ApiResult<()> {
-    let asked = match f.raw("logprobs") {
-        None => false,
-        Some(serde_json::Value::Bool(b)) => *b,
-        Some(serde_json::Value::Number(n)) => n.as_u64() != Some(0),
-        Some(_) => true,
-    };
-    if asked {
-        return Err(ApiError::unsupported(
-            "logprobs",
-            "this engine does not return log-probabilities",
-        ));
-    }
-    if f.get::<i64>("top_logprobs", "an integer")?
-        .is_some_and(|n| n > 0)
-    {
-        return Err(ApiError::unsupported(
-            "top_logprobs",
-            "this engine does not return log-probabilities",
-        ));
-    }
-    Ok(())
-}
-
 /// Refuses `n` > 1 (one choice per request).
 pub fn refuse_n(f: &Fields<'_>) -> ApiResult<()> {
     match f.int_in("n", 1, 128)? {
@@ -246,6 +220,7 @@ pub fn valid_request(
             ids,
             strings: s.stop.clone(),
         },
+        ..Default::default()
     })
 }
 

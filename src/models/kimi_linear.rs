@@ -21,8 +21,8 @@ use super::layers::kda::{KdaAttention, KdaOptions};
 use super::layers::mla::{MlaAttention, MlaOptions};
 use super::layers::moe::{impl_moe_model, Ffn};
 use super::layers::{
-    add_inplace, check_linear_states, load_lm_head, logits, model_info, BatchLayout,
-    MissingHead, RmsNorm,
+    add_inplace, check_linear_states, load_lm_head, logits, model_info, BatchLayout, MissingHead,
+    RmsNorm,
 };
 use super::{CausalLm, EngineError, ModelInfo, MoeModel, SeqBatch, SeqState};
 use crate::checkpoint::arch::{Arch, AttentionKind};

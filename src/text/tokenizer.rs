@@ -243,6 +243,26 @@ impl TextTokenizer {
         }
     }
 
+    /// The bytes of one token as the model emits it: tiktoken ranks
+    /// directly; for `tokenizer.json`, byte-level BPE pieces mapped back
+    /// through GPT-2's byte↔unicode table, `<0xNN>` byte-fallback pieces as
+    /// their byte, SentencePiece `▁` as a space, added tokens as their text.
+    /// `None` for an id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        match &self.backend {
+            Backend::Tiktoken(t) => t.token_bytes(id).map(<[u8]>::to_vec),
+            Backend::Hf(t) => {
+                let piece = t.id_to_token(id)?;
+                let added = t.get_added_vocabulary().get_vocab().contains_key(&piece);
+                let byte_level = matches!(
+                    t.get_decoder(),
+                    Some(tokenizers::DecoderWrapper::ByteLevel(_))
+                );
+                Some(piece_bytes(&piece, added, byte_level))
+            }
+        }
+    }
+
     /// Whether `id` is a special (control) token of the tiktoken backend or
     /// an added special token of `tokenizer.json`.
     pub fn is_special(&self, id: u32) -> bool {
@@ -360,8 +380,77 @@ impl caracal_actors::engine::Detokenize for TextTokenizer {
     }
 }
 
+/// The bytes of a `tokenizer.json` piece (see [`TextTokenizer::token_bytes`]).
+fn piece_bytes(piece: &str, added: bool, byte_level: bool) -> Vec<u8> {
+    if added {
+        return piece.as_bytes().to_vec();
+    }
+    if let Some(hex) = piece.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
+        if let Ok(b) = u8::from_str_radix(hex, 16) {
+            if hex.len() == 2 {
+                return vec![b];
+            }
+        }
+    }
+    if byte_level {
+        let mapped: Option<Vec<u8>> = piece.chars().map(byte_of_unicode).collect();
+        if let Some(b) = mapped {
+            return b;
+        }
+    }
+    piece.replace('\u{2581}', " ").into_bytes()
+}
+
+/// The byte GPT-2's byte-level BPE writes as `c`: printable Latin-1 bytes
+/// stand for themselves, the other 68 bytes for U+0100 onwards in order.
+fn byte_of_unicode(c: char) -> Option<u8> {
+    let printable = |b: u32| {
+        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
+    let cp = c as u32;
+    if printable(cp) {
+        return Some(cp as u8);
+    }
+    let n = cp.checked_sub(0x100)?;
+    (0u32..=255)
+        .filter(|&b| !printable(b))
+        .nth(n as usize)
+        .map(|b| b as u8)
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn byte_level_pieces_map_back_to_their_bytes() {
+        assert_eq!(piece_bytes("\u{120}hello", false, true), b" hello");
+        assert_eq!(piece_bytes("\u{10A}", false, true), b"\n");
+        assert_eq!(piece_bytes("<0xE2>", false, false), vec![0xE2]);
+        assert_eq!(piece_bytes("\u{2581}the", false, false), b" the");
+        assert_eq!(piece_bytes("<|im_end|>", true, true), b"<|im_end|>");
+        // Every byte has exactly one character.
+        let all: Vec<u8> = (0u32..=255)
+            .map(|b| {
+                let printable = (0x21..=0x7E).contains(&b)
+                    || (0xA1..=0xAC).contains(&b)
+                    || (0xAE..=0xFF).contains(&b);
+                let n = (0..b)
+                    .filter(|&x| {
+                        !((0x21..=0x7E).contains(&x)
+                            || (0xA1..=0xAC).contains(&x)
+                            || (0xAE..=0xFF).contains(&x))
+                    })
+                    .count() as u32;
+                let c = if printable {
+                    char::from_u32(b).unwrap()
+                } else {
+                    char::from_u32(0x100 + n).unwrap()
+                };
+                byte_of_unicode(c).unwrap()
+            })
+            .collect();
+        assert_eq!(all, (0u8..=255).collect::<Vec<_>>());
+    }
     use super::*;
     use std::path::PathBuf;
 

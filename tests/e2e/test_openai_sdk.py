@@ -63,9 +63,22 @@ def test_chat_completion_and_stream_helper(client):
     assert final.choices[0].finish_reason == "stop"
 
 
+def test_logprobs_through_the_sdk_types(client):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}],
+                                       max_tokens=5, temperature=0, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) >= 1
+    for t in content:
+        assert t.logprob <= 0.0
+        assert len(t.top_logprobs) == 2
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+    c = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0, logprobs=1)
+    assert len(c.choices[0].logprobs.token_logprobs) == len(c.choices[0].logprobs.tokens) >= 1
+
+
 def test_errors_map_to_sdk_exceptions(client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], logprobs=True)
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=2)
     assert e.value.code == "unsupported_parameter"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="not-this-one", messages=[{"role": "user", "content": "x"}])

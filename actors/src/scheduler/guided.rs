@@ -10,7 +10,7 @@ use crate::constraint::{
     guarded_mask, ConstraintError, MaskJob, MaskPool, PendingMasks, TokenMask,
 };
 use crate::engine::{Detokenize, LogitsMode};
-use crate::messages::{FinishReason, TokenEvent};
+use crate::messages::{FinishReason, TokenEvent, TokenLogprob};
 
 /// How a sequence leaves the running batch after sampling.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,6 +91,7 @@ pub(super) enum Appended {
 pub(super) fn accept(
     r: &mut Running,
     tok: u32,
+    logprob: Option<Box<TokenLogprob>>,
     detok: &Option<Arc<dyn Detokenize>>,
     max_pos: usize,
     forced: bool,
@@ -106,7 +107,7 @@ pub(super) fn accept(
     }
     r.generated.push(tok);
     r.key.push(tok as u64);
-    if r.out.send(TokenEvent::Token { id: tok }) == Delivery::Closed {
+    if r.out.send(TokenEvent::Token { id: tok, logprob }) == Delivery::Closed {
         return Ok(Appended::Closed);
     }
     let stop_id = r.req.stop.ids.contains(&tok);

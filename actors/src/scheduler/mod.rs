@@ -41,6 +41,7 @@
 
 pub mod driver;
 mod guided;
+mod logprobs;
 mod outbox;
 
 use std::collections::{HashMap, VecDeque};
@@ -55,11 +56,12 @@ use tokio::sync::{mpsc, watch};
 use crate::admission::AdmissionGate;
 use crate::constraint::{Constraint, SeqConstraint};
 use crate::engine::{
-    CausalLm, Detokenize, EngineError, LinearState, LogitsMode, ModelInfo, SeqBatch, SeqState,
+    CausalLm, Detokenize, EmbedSpan, EngineError, LinearState, LogitsMode, ModelInfo, SeqBatch,
+    SeqState,
 };
 use crate::messages::{
     AdmitRequest, CacheReport, EngineStats, ErrorKind, MemoryStats, RequestId, SchedulerCommand,
-    SchedulerStats, SubmitError, TokenEvent, ValidRequest,
+    SchedulerStats, SubmitError, TokenEvent, ValidRequest, MAX_TOP_LOGPROBS,
 };
 use crate::radix::NodeId;
 use crate::session_memory::{
@@ -165,6 +167,29 @@ pub fn validate_request(req: &ValidRequest, info: &ModelInfo) -> Result<(), Subm
                 "cache_key must have one element per prompt token".into(),
             ));
         }
+    }
+    if req.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
+        return Err(SubmitError::Invalid(format!(
+            "top_logprobs must be at most {MAX_TOP_LOGPROBS}"
+        )));
+    }
+    if !req.media.is_empty() && req.cache_key.is_none() {
+        return Err(SubmitError::Invalid(
+            "a prompt with media needs a cache_key that keys its spans by content".into(),
+        ));
+    }
+    let mut end = 0;
+    for m in &req.media {
+        let inside = m.offset >= end && m.offset + m.len <= req.prompt.len();
+        if m.len == 0 || !inside {
+            return Err(SubmitError::Invalid(format!(
+                "media span at {} (+{}) overlaps another or lies outside the {}-token prompt",
+                m.offset,
+                m.len,
+                req.prompt.len()
+            )));
+        }
+        end = m.offset + m.len;
     }
     Ok(())
 }
@@ -621,7 +646,10 @@ impl SchedulerState {
                         .detok
                         .as_ref()
                         .and_then(|_| StopMatcher::new(&w.req.stop.strings));
-                    let jump_forward = w.constraint.as_ref().is_some_and(|c| c.jump_forward);
+                    // Forced tokens have no logits: a request that wants
+                    // log-probabilities samples every token.
+                    let jump_forward = w.constraint.as_ref().is_some_and(|c| c.jump_forward)
+                        && w.req.logprobs.is_none();
                     self.running.push(Running {
                         id: w.id,
                         req: w.req,
@@ -733,15 +761,18 @@ impl SchedulerState {
     /// Phase 4: one batched forward over `plan`; logits rows in plan order
     /// for the work that asked for them.
     fn forward(&mut self, plan: &[Work]) -> Result<Vec<f32>, EngineError> {
-        let inputs: Vec<(Vec<u32>, LogitsMode)> = plan
+        let inputs: Vec<(Vec<u32>, LogitsMode, Vec<EmbedSpan>)> = plan
             .iter()
             .map(|w| {
                 let r = &self.running[w.seq()];
-                let tokens = match *w {
-                    Work::Decode { .. } | Work::Extend { .. } => r.pending.clone(),
-                    Work::Prefill { start, len, .. } => r.req.prompt[start..start + len].to_vec(),
+                let (tokens, embeds) = match *w {
+                    Work::Decode { .. } | Work::Extend { .. } => (r.pending.clone(), Vec::new()),
+                    Work::Prefill { start, len, .. } => (
+                        r.req.prompt[start..start + len].to_vec(),
+                        logprobs::chunk_embeds(&r.req.media, start, len),
+                    ),
                 };
-                (tokens, self.logits_mode(w))
+                (tokens, self.logits_mode(w), embeds)
             })
             .collect();
         self.stats.prefill_tokens += plan
@@ -751,7 +782,7 @@ impl SchedulerState {
             .sum::<u64>();
         let mut slots: Vec<Option<&mut Running>> = self.running.iter_mut().map(Some).collect();
         let mut batch = Vec::with_capacity(inputs.len());
-        for (w, (tokens, mode)) in plan.iter().zip(&inputs) {
+        for (w, (tokens, mode, embeds)) in plan.iter().zip(&inputs) {
             let r = slots[w.seq()]
                 .take()
                 .expect("each sequence appears once in a plan");
@@ -759,7 +790,7 @@ impl SchedulerState {
                 tokens,
                 state: &mut r.state,
                 logits: *mode,
-                embeds: &[],
+                embeds,
             });
         }
         // On a pool worker: the kernels' parallel calls then skip the
@@ -818,7 +849,8 @@ impl SchedulerState {
             if mode != LogitsMode::Last {
                 continue;
             }
-            let mut l = logits[row * vocab..(row + 1) * vocab].to_vec();
+            let raw = &logits[row * vocab..(row + 1) * vocab];
+            let mut l = raw.to_vec();
             row += 1;
             apply_penalties(&mut l, &r.req.prompt, &r.generated, &r.req.sampling);
             if r.constraint.is_some() {
@@ -842,8 +874,12 @@ impl SchedulerState {
                 }
             }
             let tok = sample(&l, &r.req.sampling, &mut r.rng);
+            let lp = r
+                .req
+                .logprobs
+                .map(|k| Box::new(logprobs::token_logprob(raw, tok, k)));
             let mut fed = vec![tok];
-            let mut step = match accept(r, tok, &self.detok, max_pos, false) {
+            let mut step = match accept(r, tok, lp, &self.detok, max_pos, false) {
                 Ok(a) => a,
                 Err(e) => {
                     ended.push((seq, End::ConstraintFailed(e)));
@@ -855,7 +891,7 @@ impl SchedulerState {
                     Some(Ok(mut forced)) => {
                         forced.truncate(max_forced);
                         for f in forced {
-                            match accept(r, f, &self.detok, max_pos, true) {
+                            match accept(r, f, None, &self.detok, max_pos, true) {
                                 Ok(a) => step = a,
                                 Err(e) => {
                                     step = Appended::Failed;

@@ -99,11 +99,26 @@ mod tests {
     fn final_event_waits_for_room_instead_of_being_dropped() {
         let (tx, mut rx) = mpsc::channel(1);
         let mut out = Outbox::new(tx);
-        assert_eq!(out.send(TokenEvent::Token { id: 1 }), Delivery::Done);
-        let fin = TokenEvent::Token { id: 2 };
+        assert_eq!(
+            out.send(TokenEvent::Token {
+                id: 1,
+                logprob: None
+            }),
+            Delivery::Done
+        );
+        let fin = TokenEvent::Token {
+            id: 2,
+            logprob: None,
+        };
         assert_eq!(out.send(fin.clone()), Delivery::Blocked);
         assert!(!out.has_room());
-        assert_eq!(rx.try_recv().ok(), Some(TokenEvent::Token { id: 1 }));
+        assert_eq!(
+            rx.try_recv().ok(),
+            Some(TokenEvent::Token {
+                id: 1,
+                logprob: None
+            })
+        );
         assert_eq!(out.flush(), Delivery::Done);
         assert_eq!(rx.try_recv().ok(), Some(fin));
     }
@@ -113,7 +128,13 @@ mod tests {
         let (tx, rx) = mpsc::channel(1);
         let mut out = Outbox::new(tx);
         drop(rx);
-        assert_eq!(out.send(TokenEvent::Token { id: 1 }), Delivery::Closed);
+        assert_eq!(
+            out.send(TokenEvent::Token {
+                id: 1,
+                logprob: None
+            }),
+            Delivery::Closed
+        );
         assert!(out.is_closed());
     }
 }

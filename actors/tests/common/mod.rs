@@ -200,5 +200,6 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize, session: Option<&str>) -> Val
         max_tokens,
         sampling: SamplingParams::greedy(),
         stop: StopConditions::default(),
+        ..Default::default()
     }
 }

@@ -167,6 +167,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, session: Option<String>) -> Vali
         max_tokens,
         sampling: SamplingParams::greedy(),
         stop: StopConditions::default(),
+        ..Default::default()
     }
 }
 

@@ -156,8 +156,9 @@ impl RealtimeResponse {
         let mut out = Vec::new();
         let index = self.output.len();
         match ev {
-            // Realtime has no reasoning events: the model's reasoning is not shown.
-            GenEvent::Reasoning(_) => {}
+            // Realtime has no reasoning events: the model's reasoning is not
+            // shown; it asks for no log-probabilities.
+            GenEvent::Reasoning(_) | GenEvent::Logprob(_) => {}
             GenEvent::Text(t) => {
                 if !matches!(self.open, Some(Open::Text { .. })) {
                     if t.trim().is_empty() && matches!(self.open, Some(Open::Call { .. })) {

@@ -13,7 +13,8 @@ use serde_json::{json, Value};
 use super::types::ResponseRequest;
 use crate::chat::toolcall::{Message, ToolCall};
 use crate::gateway::error::ApiError;
-use crate::gateway::generation::{Finish, GenEvent, GenSummary};
+use crate::gateway::generation::{Finish, GenEvent, GenSummary, LogprobEntry};
+use crate::gateway::logprobs::entries_json;
 use crate::gateway::{new_id, unix_now};
 
 /// The output item being streamed.
@@ -32,6 +33,8 @@ enum Open {
         id: String,
         /// Text so far.
         text: String,
+        /// Log-probabilities of its tokens (when asked for).
+        logprobs: Vec<LogprobEntry>,
     },
     /// A function call item.
     Call {
@@ -77,6 +80,8 @@ pub struct ResponseBuilder {
     error: Value,
     /// Answer text, reasoning and calls, for the conversation history.
     history: Message,
+    /// Log-probabilities of tokens whose text has not arrived yet.
+    pending_logprobs: Vec<LogprobEntry>,
 }
 
 impl ResponseBuilder {
@@ -91,6 +96,7 @@ impl ResponseBuilder {
             "previous_response_id": req.previous_response_id,
             "store": req.store,
             "max_output_tokens": req.sampling.max_tokens,
+            "top_logprobs": req.logprobs.unwrap_or(0),
             "background": false,
             "service_tier": "default",
         });
@@ -120,6 +126,7 @@ impl ResponseBuilder {
             incomplete: Value::Null,
             error: Value::Null,
             history: Message::text("assistant", ""),
+            pending_logprobs: Vec::new(),
         }
     }
 
@@ -199,11 +206,11 @@ impl ResponseBuilder {
                 self.history.reasoning_content =
                     Some(self.history.reasoning_content.take().unwrap_or_default() + &text);
             }
-            Open::Message { id, text } => {
+            Open::Message { id, text, logprobs } => {
+                let logprobs = entries_json(&logprobs);
                 out.push(self.event("response.output_text.done", json!({
-                    "item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []})));
-                let part =
-                    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
+                    "item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": logprobs})));
+                let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs});
                 out.push(self.event(
                     "response.content_part.done",
                     json!({
@@ -254,6 +261,11 @@ impl ResponseBuilder {
     pub fn on_event(&mut self, ev: GenEvent) -> Vec<Value> {
         let mut out = Vec::new();
         let index = self.output.len();
+        // Only answer text carries log-probabilities: tokens that became
+        // reasoning or tool calls drop theirs.
+        if !matches!(ev, GenEvent::Text(_) | GenEvent::Logprob(_)) {
+            self.pending_logprobs.clear();
+        }
         match ev {
             GenEvent::Reasoning(t) => {
                 if !matches!(self.open, Some(Open::Reasoning { .. })) {
@@ -298,16 +310,20 @@ impl ResponseBuilder {
                     self.open = Some(Open::Message {
                         id,
                         text: String::new(),
+                        logprobs: Vec::new(),
                     });
                 }
                 let index = self.output.len();
-                if let Some(Open::Message { id, text }) = &mut self.open {
+                let fresh = std::mem::take(&mut self.pending_logprobs);
+                if let Some(Open::Message { id, text, logprobs }) = &mut self.open {
                     text.push_str(&t);
                     let id = id.clone();
+                    let delta_lp = entries_json(&fresh);
+                    logprobs.extend(fresh);
                     out.push(self.event(
                         "response.output_text.delta",
                         json!({"item_id": id,
-                        "output_index": index, "content_index": 0, "delta": t, "logprobs": []}),
+                        "output_index": index, "content_index": 0, "delta": t, "logprobs": delta_lp}),
                     ));
                 }
             }
@@ -370,6 +386,7 @@ impl ResponseBuilder {
                     self.close(&mut out);
                 }
             }
+            GenEvent::Logprob(e) => self.pending_logprobs.push(e),
             GenEvent::Finished(_) | GenEvent::Failed(_) => {}
         }
         out
@@ -463,6 +480,7 @@ mod tests {
             cache_key: None,
             stream_id: None,
             generate: true,
+            logprobs: None,
         }
     }
 

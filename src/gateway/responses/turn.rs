@@ -104,7 +104,8 @@ pub async fn begin(
     if !turn.req.generate {
         sampling.max_tokens = Some(1);
     }
-    let valid = valid_request(state, turn.prompt_ids.clone(), &sampling, session)?;
+    let mut valid = valid_request(state, turn.prompt_ids.clone(), &sampling, session)?;
+    valid.logprobs = turn.req.logprobs.filter(|_| turn.req.generate);
     let constraint = if turn.req.generate {
         let format = read_output_format(
             state,

@@ -58,6 +58,9 @@ pub struct ResponseRequest {
     pub stream_id: Option<String>,
     /// WebSocket `generate` (false: prefill and cache without output).
     pub generate: bool,
+    /// Log-probabilities per answer token (`top_logprobs`, or `include`
+    /// naming `message.output_text.logprobs`).
+    pub logprobs: Option<usize>,
 }
 
 /// Text of a content value: a string, or text parts joined.
@@ -312,14 +315,7 @@ pub fn parse_request(
             "chain turns with `previous_response_id`",
         ));
     }
-    if let Some(n) = f.get::<i64>("top_logprobs", "an integer")? {
-        if n > 0 {
-            return Err(ApiError::unsupported(
-                "top_logprobs",
-                "this engine does not return log-probabilities",
-            ));
-        }
-    }
+    let logprobs = crate::gateway::logprobs::read_responses(&f)?;
     // Checked here so a bad schema is refused before anything runs; the
     // turn compiles it again from the echoed `text` when it starts.
     let text_format = read_output_format(state, "text.format", text_format_of(f.raw("text")))?;
@@ -397,6 +393,7 @@ pub fn parse_request(
         } else {
             true
         },
+        logprobs,
     })
 }
 
