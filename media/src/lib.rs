@@ -36,6 +36,8 @@ pub mod error;
 pub mod image_proc;
 pub mod resample;
 pub mod resize;
+#[cfg(feature = "video")]
+pub mod video;
 
 pub use content_key::{
     content_hash, content_hash_keyed, is_media_key, placeholder_keys, MEDIA_KEY_BIT,
