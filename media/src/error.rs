@@ -187,6 +187,17 @@ pub enum MediaError {
         max_pixels: u64,
     },
 
+    /// The decoder met a frame header whose size FFmpeg's `max_pixels` (set from
+    /// `max_pixels_per_frame`) refused before allocating it: a decompression bomb whose
+    /// container declared a small size.
+    #[error(
+        "video bitstream declares a frame over {max_pixels} pixels (max_pixels_per_frame); refused before decoding it"
+    )]
+    VideoFrameSizeRefused {
+        /// The per-frame pixel limit.
+        max_pixels: u64,
+    },
+
     /// More sampled frames than `max_frames`.
     #[error("video yields more than {limit} sampled frames (max_frames)")]
     VideoTooManyFrames {
@@ -269,6 +280,7 @@ impl MediaError {
             MediaError::VideoTruncated { .. } => "video_truncated",
             MediaError::VideoNoFrames { .. } => "video_no_frames",
             MediaError::VideoFrameTooLarge { .. } => "video_frame_too_large",
+            MediaError::VideoFrameSizeRefused { .. } => "video_frame_too_large",
             MediaError::VideoTooManyFrames { .. } => "video_too_many_frames",
             MediaError::VideoTooLong { .. } => "video_too_long",
             MediaError::VideoTooManyBytes { .. } => "video_too_many_bytes",

@@ -26,6 +26,9 @@
 //!   [`process_image_bytes`]) and the 2×2 patch-merger order ([`merge_order`]).
 //! - [`content_key`]: [`content_hash`] (SipHash-2-4, fixed key) and
 //!   [`placeholder_keys`] for media spans in the radix cache.
+//! - `video` (feature `video`, on by default): FFmpeg decoding of files, buffers and live
+//!   chunk streams into sampled RGB frames with timestamps (`video::decode_video_file`,
+//!   `video::LiveDecoder`).
 //!
 //! Video decoding (FFmpeg), frame sampling and temporal chunks (§3.4 of the architecture
 //! reference) are not here yet.

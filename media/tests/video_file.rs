@@ -42,7 +42,10 @@ fn transformers_mode_selects_the_reference_indices_and_timestamps() {
             let stamps: Vec<f64> = video.frames.iter().map(|f| f.timestamp).collect();
             for (got, want) in stamps.iter().zip(f64s(&want["timestamps"])) {
                 // index / fps computed the same way in f64: equal up to one rounding.
-                assert!((got - want).abs() < 1e-9, "{clip} at {fps}: {got} vs {want}");
+                assert!(
+                    (got - want).abs() < 1e-9,
+                    "{clip} at {fps}: {got} vs {want}"
+                );
             }
             checked += 1;
         }
@@ -56,9 +59,12 @@ fn moonshot_mode_selects_the_reference_linspace_indices() {
     for (clip, entry) in reference["clips"].as_object().expect("clips") {
         for (fps, want) in entry["moonshot"].as_object().expect("moonshot") {
             let fps: f64 = fps.parse().expect("fps key");
-            let video =
-                decode_video_file(path(clip), Container::Auto, &options(fps, SamplingMode::Moonshot))
-                    .unwrap_or_else(|e| panic!("{clip}: {e}"));
+            let video = decode_video_file(
+                path(clip),
+                Container::Auto,
+                &options(fps, SamplingMode::Moonshot),
+            )
+            .unwrap_or_else(|e| panic!("{clip}: {e}"));
             let indices: Vec<u64> = video.frames.iter().map(|f| f.index).collect();
             assert_eq!(indices, u64s(want), "{clip} at {fps} fps");
             let src_fps = entry["fps"].as_f64().expect("fps");
@@ -71,7 +77,13 @@ fn moonshot_mode_selects_the_reference_linspace_indices() {
 
 #[test]
 fn frames_taken_equal_duration_times_fps_within_one_frame() {
-    for clip in ["cfr24.mp4", "cfr25.mp4", "cfr30.mp4", "cfr60.mp4", "vfr.mp4"] {
+    for clip in [
+        "cfr24.mp4",
+        "cfr25.mp4",
+        "cfr30.mp4",
+        "cfr60.mp4",
+        "vfr.mp4",
+    ] {
         for fps in [0.5, 1.0, 2.0, 3.0, 5.0] {
             for mode in [SamplingMode::Transformers, SamplingMode::Moonshot] {
                 let video = decode_video_file(path(clip), Container::Auto, &options(fps, mode))
@@ -106,7 +118,12 @@ fn variable_rate_clip_reports_presentation_times_as_pyav() {
     .expect("decodes");
     for f in &video.frames {
         let want = times[f.index as usize] - times[0];
-        assert!((f.pts_time - want).abs() < 1e-6, "frame {}: {} vs {want}", f.index, f.pts_time);
+        assert!(
+            (f.pts_time - want).abs() < 1e-6,
+            "frame {}: {} vs {want}",
+            f.index,
+            f.pts_time
+        );
     }
     // The prompt timestamp is index / average rate, which drifts from the presentation
     // time on a variable-rate clip (transformers' VideoMetadata.timestamps).
@@ -127,7 +144,10 @@ fn fragmented_mp4_without_frame_count_is_counted_by_packets() {
     )
     .expect("decodes");
     assert_eq!(video.info.declared_frames, 0);
-    assert_eq!(video.total_frames, entry["decoded_frames"].as_u64().expect("count"));
+    assert_eq!(
+        video.total_frames,
+        entry["decoded_frames"].as_u64().expect("count")
+    );
     let indices: Vec<u64> = video.frames.iter().map(|f| f.index).collect();
     // Same frame count and rate as cfr30.mp4, so the same picks.
     assert_eq!(
@@ -146,8 +166,11 @@ fn bytes_and_path_decode_identically() {
     assert_eq!((a.info.width, a.info.height), (64, 48));
 }
 
+/// Picked indices, source RGB, its size, Pillow-resized RGB, its size, the patch limit.
+type PixelReference = (Vec<u64>, Vec<u8>, (u32, u32), Vec<u8>, (u32, u32), u64);
+
 /// The reference RGB frames (PyAV `to_ndarray("rgb24")`) of cfr25.mp4 at 2 fps.
-fn pixel_reference() -> (Vec<u64>, Vec<u8>, (u32, u32), Vec<u8>, (u32, u32), u64) {
+fn pixel_reference() -> PixelReference {
     let r = reference();
     let p = &r["pixels"];
     let dims = |w: &str, h: &str| {
@@ -175,7 +198,10 @@ fn exact_path_rgb_matches_pyav_within_tolerance() {
         &options(2.0, SamplingMode::Transformers),
     )
     .expect("decodes");
-    assert_eq!(video.frames.iter().map(|f| f.index).collect::<Vec<_>>(), indices);
+    assert_eq!(
+        video.frames.iter().map(|f| f.index).collect::<Vec<_>>(),
+        indices
+    );
     let ours: Vec<u8> = video
         .frames
         .iter()
@@ -223,16 +249,22 @@ fn exact_and_fast_paths_give_the_processor_size() {
         // antialiasing, on a sharp test pattern (measured mean 2.36, max 54; tolerance
         // mean ≤ 4, max ≤ 80).
         let (mean, max) = diff(&ours, &resized);
-        assert!(mean <= mean_tol && max <= max_tol, "{scale:?}: mean {mean}, max {max}");
+        assert!(
+            mean <= mean_tol && max <= max_tol,
+            "{scale:?}: mean {mean}, max {max}"
+        );
     }
 }
 
 #[test]
 fn default_output_is_the_k25_per_frame_target() {
     // 64x48 is far under 4096 patches, so the default keeps the size.
-    let video =
-        decode_video_file(path("cfr30.mp4"), Container::Auto, &VideoOptions::default()).expect("ok");
-    assert!(video.frames.iter().all(|f| f.image.dimensions() == (64, 48)));
+    let video = decode_video_file(path("cfr30.mp4"), Container::Auto, &VideoOptions::default())
+        .expect("ok");
+    assert!(video
+        .frames
+        .iter()
+        .all(|f| f.image.dimensions() == (64, 48)));
     assert_eq!(
         video.frames.iter().map(|f| f.index).collect::<Vec<_>>(),
         [0, 15, 30, 45]

@@ -5,8 +5,7 @@
 mod video_common;
 
 use caracal_media::video::{
-    decode_video_file, Container, LiveDecoder, LiveSelector, OutputSize, VideoFrame,
-    VideoOptions,
+    decode_video_file, Container, LiveDecoder, LiveSelector, OutputSize, VideoFrame, VideoOptions,
 };
 use video_common::{bytes, path};
 
@@ -25,10 +24,20 @@ fn stream(name: &str, container: Container, opts: &VideoOptions) -> (Vec<VideoFr
         if i + 1 == chunks.len() {
             before_last_chunk = frames.len();
         }
-        frames.extend(live.push(chunk).unwrap_or_else(|e| panic!("{name} push {i}: {e}")));
-        assert_eq!(live.buffered_bytes(), 0, "{name}: push {i} left bytes queued");
+        frames.extend(
+            live.push(chunk)
+                .unwrap_or_else(|e| panic!("{name} push {i}: {e}")),
+        );
+        assert_eq!(
+            live.buffered_bytes(),
+            0,
+            "{name}: push {i} left bytes queued"
+        );
     }
-    frames.extend(live.finish().unwrap_or_else(|e| panic!("{name} finish: {e}")));
+    frames.extend(
+        live.finish()
+            .unwrap_or_else(|e| panic!("{name} finish: {e}")),
+    );
     assert_eq!(live.decoded_frames(), 60, "{name}: 2 s at 30 fps");
     (frames, before_last_chunk)
 }
@@ -51,7 +60,10 @@ fn every_live_container_yields_frames_as_chunks_arrive() {
         let indices: Vec<u64> = frames.iter().map(|f| f.index).collect();
         assert_eq!(indices, [0, 15, 30, 45], "{name} as {container:?}");
         for f in &frames {
-            assert!((f.timestamp - f.index as f64 / 30.0).abs() < 1e-3, "{name}: {f:?}");
+            assert!(
+                (f.timestamp - f.index as f64 / 30.0).abs() < 1e-3,
+                "{name}: {f:?}"
+            );
             assert_eq!(f.timestamp, f.pts_time);
             assert_eq!(f.image.dimensions(), (64, 48));
         }

@@ -15,9 +15,9 @@ use std::ffi::CString;
 use std::io::{Read, Seek};
 use std::ptr;
 
-use ffmpeg_next as ffmpeg;
 use ffmpeg::format::context::{Input, StreamIo};
 use ffmpeg::Dictionary;
+use ffmpeg_next as ffmpeg;
 
 use crate::error::{MediaError, Result};
 
@@ -165,7 +165,11 @@ pub(crate) fn forward_io<R: Read + Send + 'static>(source: R) -> Result<StreamIo
 
 /// Opens `container`'s demuxer (or FFmpeg's probe for [`Container::Auto`]) over `io`
 /// and reads the stream parameters.
-pub(crate) fn open_input(mut io: StreamIo, container: Container, budget: ProbeBudget) -> Result<Input> {
+pub(crate) fn open_input(
+    mut io: StreamIo,
+    container: Container,
+    budget: ProbeBudget,
+) -> Result<Input> {
     let open_err = |reason: String| MediaError::VideoOpen {
         container: container.name(),
         reason,
@@ -188,7 +192,7 @@ pub(crate) fn open_input(mut io: StreamIo, container: Container, budget: ProbeBu
             return Err(open_err("out of memory".into()));
         }
         (*ps).pb = io.as_mut_ptr();
-        (*ps).flags |= ffmpeg::ffi::AVFMT_FLAG_CUSTOM_IO as i32;
+        (*ps).flags |= ffmpeg::ffi::AVFMT_FLAG_CUSTOM_IO;
         let fmt = match &demuxer {
             Some(name) => {
                 let f = ffmpeg::ffi::av_find_input_format(name.as_ptr());

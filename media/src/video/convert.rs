@@ -20,11 +20,11 @@
 //! (limited, or full for JPEG-range/`yuvj*` formats) are passed to swscale, as PyAV does
 //! from the frame's tags. The output is full-range RGB.
 
-use ffmpeg_next as ffmpeg;
 use ffmpeg::format::Pixel;
 use ffmpeg::software::scaling::{self, Flags};
 use ffmpeg::util::color;
 use ffmpeg::util::frame::Video as AvFrame;
+use ffmpeg_next as ffmpeg;
 use image::RgbImage;
 
 use crate::error::{MediaError, Result};
@@ -92,9 +92,11 @@ impl Converter {
             *cache = Some(Converter::new(key)?);
         }
         let conv = cache.as_mut().expect("built just above");
-        conv.sws.run(frame, &mut conv.rgb).map_err(|e| MediaError::VideoDecode {
-            reason: format!("pixel conversion failed: {e}"),
-        })?;
+        conv.sws
+            .run(frame, &mut conv.rgb)
+            .map_err(|e| MediaError::VideoDecode {
+                reason: format!("pixel conversion failed: {e}"),
+            })?;
         let (w, h) = (conv.sws.output().width, conv.sws.output().height);
         let rgb = copy_rows(&conv.rgb, w, h);
         Ok(if (w, h) == target {
@@ -128,7 +130,7 @@ impl Converter {
         // The call fails harmlessly (returns -1) for RGB inputs, where there is no matrix.
         unsafe {
             let inv = ffmpeg::ffi::sws_getCoefficients(key.matrix);
-            let fwd = ffmpeg::ffi::sws_getCoefficients(ffmpeg::ffi::SWS_CS_DEFAULT as i32);
+            let fwd = ffmpeg::ffi::sws_getCoefficients(ffmpeg::ffi::SWS_CS_DEFAULT);
             ffmpeg::ffi::sws_setColorspaceDetails(
                 sws.as_mut_ptr(),
                 inv,
@@ -151,13 +153,13 @@ impl Converter {
 /// The swscale matrix id for a frame's colour-space tag (BT.601 when untagged).
 fn swscale_matrix(space: color::Space) -> i32 {
     use ffmpeg::ffi;
-    (match space {
+    match space {
         color::Space::BT709 => ffi::SWS_CS_ITU709,
         color::Space::FCC => ffi::SWS_CS_FCC,
         color::Space::SMPTE240M => ffi::SWS_CS_SMPTE240M,
         color::Space::BT2020NCL | color::Space::BT2020CL => ffi::SWS_CS_BT2020,
         _ => ffi::SWS_CS_DEFAULT,
-    }) as i32
+    }
 }
 
 /// Copies an RGB24 frame into a tightly packed image, row by row: FFmpeg pads each row

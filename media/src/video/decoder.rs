@@ -8,12 +8,12 @@
 
 use std::time::Instant;
 
-use ffmpeg_next as ffmpeg;
 use ffmpeg::codec::{self, Parameters};
 use ffmpeg::format::context::Input;
 use ffmpeg::media::Type;
 use ffmpeg::util::frame::Video as AvFrame;
 use ffmpeg::{Dictionary, Packet, Rational};
+use ffmpeg_next as ffmpeg;
 
 use crate::error::{MediaError, Result};
 use crate::resize::plan_resize;
@@ -36,6 +36,16 @@ pub(crate) struct StreamHeader {
 // SAFETY: `Parameters` is `Send` in ffmpeg-next; the rest are plain values. Spelled out
 // because the live decoder moves headers from its demux thread.
 unsafe impl Send for StreamHeader {}
+
+/// FFmpeg's message for an error, or its code when the message is empty.
+pub(crate) fn ff_reason(e: &ffmpeg::Error) -> String {
+    let text = e.to_string();
+    if text.is_empty() {
+        format!("{e:?}")
+    } else {
+        text
+    }
+}
 
 /// A rational as `f64`, `None` when it is zero or undefined.
 fn ratio(r: Rational) -> Option<f64> {
@@ -163,6 +173,8 @@ pub(crate) struct FrameDecoder {
     first_ts: Option<i64>,
     /// Reused decoder output frame.
     frame: AvFrame,
+    /// Whether the codec context started with a known frame size.
+    sized: bool,
 }
 
 // SAFETY: every FFmpeg object here is used only through `&mut FrameDecoder`.
@@ -173,13 +185,16 @@ impl FrameDecoder {
     /// delay) over frame threading.
     pub(crate) fn new(header: &StreamHeader, options: &VideoOptions, live: bool) -> Result<Self> {
         let codec_id = header.params.id();
-        let codec = codec::decoder::find(codec_id).ok_or_else(|| {
-            MediaError::VideoUnsupportedCodec {
+        let codec =
+            codec::decoder::find(codec_id).ok_or_else(|| MediaError::VideoUnsupportedCodec {
                 codec: header.info.codec.clone(),
-            }
-        })?;
+            })?;
         let fail = |e: ffmpeg::Error| MediaError::VideoDecode {
-            reason: format!("could not open the {} decoder: {e}", header.info.codec),
+            reason: format!(
+                "could not open the {} decoder: {}",
+                header.info.codec,
+                ff_reason(&e)
+            ),
         };
         let mut ctx = codec::Context::from_parameters(header.params.clone()).map_err(fail)?;
         // SAFETY: `ctx` is a fresh, unopened codec context; `pkt_timebase` is a plain field.
@@ -189,7 +204,10 @@ impl FrameDecoder {
         let mut dict = Dictionary::new();
         // FFmpeg refuses frames over this before allocating them (second line behind the
         // header check, for bitstreams whose frame headers lie about their size).
-        dict.set("max_pixels", &options.limits.max_pixels_per_frame.to_string());
+        dict.set(
+            "max_pixels",
+            &options.limits.max_pixels_per_frame.to_string(),
+        );
         dict.set("threads", &options.threads.to_string());
         dict.set("thread_type", if live { "slice" } else { "frame+slice" });
         if options.strict {
@@ -213,6 +231,7 @@ impl FrameDecoder {
             kept: 0,
             first_ts: None,
             frame: AvFrame::empty(),
+            sized: header.info.width > 0 && header.info.height > 0,
         })
     }
 
@@ -240,21 +259,34 @@ impl FrameDecoder {
             self.keyframe_seen = true;
         }
         if let Err(e) = self.decoder.send_packet(packet) {
+            if let Some(refused) = self.size_refused() {
+                return Err(refused);
+            }
             if self.options.strict {
                 return Err(MediaError::VideoDecode {
-                    reason: e.to_string(),
+                    reason: ff_reason(&e),
                 });
             }
         }
         self.drain(picker, out)
     }
 
+    /// FFmpeg's `ff_set_dimensions` zeroes the context size when `max_pixels` refuses a
+    /// frame header; a context that started with a known size and now has none was
+    /// refused for its size.
+    fn size_refused(&self) -> Option<MediaError> {
+        // SAFETY: reads two plain fields of the open codec context.
+        let (w, h) = unsafe {
+            let ctx = self.decoder.as_ptr();
+            ((*ctx).width, (*ctx).height)
+        };
+        (self.sized && w == 0 && h == 0).then_some(MediaError::VideoFrameSizeRefused {
+            max_pixels: self.options.limits.max_pixels_per_frame,
+        })
+    }
+
     /// Flushes the decoder at the end of the stream.
-    pub(crate) fn finish(
-        &mut self,
-        picker: &mut Picker,
-        out: &mut Vec<VideoFrame>,
-    ) -> Result<()> {
+    pub(crate) fn finish(&mut self, picker: &mut Picker, out: &mut Vec<VideoFrame>) -> Result<()> {
         if !self.keyframe_seen {
             return Ok(());
         }
@@ -283,9 +315,12 @@ impl FrameDecoder {
                     return Ok(())
                 }
                 Err(e) if self.options.strict => {
+                    if let Some(refused) = self.size_refused() {
+                        return Err(refused);
+                    }
                     return Err(MediaError::VideoDecode {
-                        reason: e.to_string(),
-                    })
+                        reason: ff_reason(&e),
+                    });
                 }
                 Err(_) => return Ok(()),
             }
@@ -323,7 +358,8 @@ impl FrameDecoder {
             });
         }
         let target = target_size(&self.options.output, w, h)?;
-        let image = Converter::convert(&mut self.converter, &self.frame, target, self.options.scale)?;
+        let image =
+            Converter::convert(&mut self.converter, &self.frame, target, self.options.scale)?;
         out.push(VideoFrame {
             image,
             index,

@@ -17,15 +17,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ffmpeg_next as ffmpeg;
 use ffmpeg::format::context::{Input, StreamIo};
 use ffmpeg::Packet;
+use ffmpeg_next as ffmpeg;
 
 use crate::decode::{decode_image, DecodeLimits};
 use crate::error::{MediaError, Result};
 use crate::resample::resize_bicubic;
 use crate::video::container::{check_declared, open_input, seekable_io, ProbeBudget};
-use crate::video::decoder::{stream_header, target_size, FrameDecoder, Picker, DEFAULT_FPS};
+use crate::video::decoder::{
+    ff_reason, stream_header, target_size, FrameDecoder, Picker, DEFAULT_FPS,
+};
 use crate::video::{init, Container, DecodedVideo, Sniffed, VideoFrame, VideoOptions};
 
 /// Bytes read to sniff the format.
@@ -200,7 +202,20 @@ fn decode_whole(
     loop {
         match packet.read(&mut input) {
             Ok(()) if packet.stream() == header.index => {
-                decoder.send(&packet, &mut picker, &mut frames, started)?;
+                match decoder.send(&packet, &mut picker, &mut frames, started) {
+                    Ok(()) => {}
+                    // A bitstream error on the last packet of a file whose index promises
+                    // more frames is a cut file, not a corrupt one.
+                    Err(MediaError::VideoDecode { .. })
+                        if declared > decoder.decoded && at_end(&mut input) =>
+                    {
+                        return Err(MediaError::VideoTruncated {
+                            declared,
+                            decoded: decoder.decoded,
+                        });
+                    }
+                    Err(e) => return Err(e),
+                }
                 if picker.exhausted() {
                     break;
                 }
@@ -210,7 +225,7 @@ fn decode_whole(
             Err(ffmpeg::Error::InvalidData) if !options.strict => {}
             Err(e) => {
                 return Err(MediaError::VideoDemux {
-                    reason: e.to_string(),
+                    reason: ff_reason(&e),
                 })
             }
         }
@@ -223,7 +238,7 @@ fn decode_whole(
             packets: decoder.packets,
         });
     }
-    if !picker.exhausted() && declared > 0 && decoder.decoded < declared {
+    if options.strict && !picker.exhausted() && declared > 0 && decoder.decoded < declared {
         return Err(MediaError::VideoTruncated {
             declared,
             decoded: decoder.decoded,
@@ -235,6 +250,11 @@ fn decode_whole(
         src_fps,
         frames,
     })
+}
+
+/// Whether the demuxer has nothing after the current packet.
+fn at_end(input: &mut Input) -> bool {
+    matches!(Packet::empty().read(input), Err(ffmpeg::Error::Eof))
 }
 
 /// Counts the video packets of stream `index` without decoding them.
@@ -254,7 +274,7 @@ fn count_packets(
             Err(ffmpeg::Error::InvalidData) if !options.strict => {}
             Err(e) => {
                 return Err(MediaError::VideoDemux {
-                    reason: e.to_string(),
+                    reason: ff_reason(&e),
                 })
             }
         }

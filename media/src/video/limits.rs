@@ -68,7 +68,7 @@ impl VideoLimits {
         if self.max_frames == 0 {
             return bad("max_frames", "must be at least 1, got 0".into());
         }
-        if !(self.max_duration > 0.0) {
+        if self.max_duration.is_nan() || self.max_duration <= 0.0 {
             return bad(
                 "max_duration",
                 format!("must be positive, got {}", self.max_duration),
@@ -83,8 +83,7 @@ impl VideoLimits {
     /// Checks one frame size (declared or decoded).
     pub fn check_frame(&self, width: u32, height: u32) -> Result<()> {
         let pixels = u64::from(width) * u64::from(height);
-        if width > self.max_side || height > self.max_side || pixels > self.max_pixels_per_frame
-        {
+        if width > self.max_side || height > self.max_side || pixels > self.max_pixels_per_frame {
             return Err(MediaError::VideoFrameTooLarge {
                 width,
                 height,
@@ -132,10 +131,19 @@ mod tests {
         assert!(limits.check_frame(1920, 1080).is_ok());
         let e = limits.check_frame(16383, 16383).unwrap_err();
         assert_eq!(e.kind(), "video_frame_too_large");
-        assert!(e.to_string().contains("16383x16383 = 268402689 pixels"), "{e}");
+        assert!(
+            e.to_string().contains("16383x16383 = 268402689 pixels"),
+            "{e}"
+        );
         assert!(e.to_string().contains("max_pixels_per_frame"), "{e}");
-        assert_eq!(limits.check_frame(20000, 10).unwrap_err().kind(), "video_frame_too_large");
-        assert_eq!(limits.check_frame(0, 10).unwrap_err().kind(), "image_zero_size");
+        assert_eq!(
+            limits.check_frame(20000, 10).unwrap_err().kind(),
+            "video_frame_too_large"
+        );
+        assert_eq!(
+            limits.check_frame(0, 10).unwrap_err().kind(),
+            "image_zero_size"
+        );
     }
 
     #[test]

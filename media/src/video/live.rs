@@ -32,12 +32,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ffmpeg_next as ffmpeg;
 use ffmpeg::Packet;
+use ffmpeg_next as ffmpeg;
 
 use crate::error::{MediaError, Result};
 use crate::video::container::{check_declared, forward_io, open_input, ProbeBudget};
-use crate::video::decoder::{stream_header, FrameDecoder, Picker, StreamHeader};
+use crate::video::decoder::{ff_reason, stream_header, FrameDecoder, Picker, StreamHeader};
 use crate::video::sample::LiveSelector;
 use crate::video::{init, Container, VideoFrame, VideoInfo, VideoOptions};
 
@@ -355,7 +355,8 @@ fn demux_packets(shared: &Arc<Shared>, container: Container, options: &VideoOpti
                 if st.abort {
                     return Ok(());
                 }
-                st.packets.push_back(std::mem::replace(&mut packet, Packet::empty()));
+                st.packets
+                    .push_back(std::mem::replace(&mut packet, Packet::empty()));
                 shared.changed.notify_all();
             }
             Ok(()) => {}
@@ -363,7 +364,7 @@ fn demux_packets(shared: &Arc<Shared>, container: Container, options: &VideoOpti
             Err(ffmpeg::Error::InvalidData) if !options.strict => {}
             Err(e) => {
                 return Err(MediaError::VideoDemux {
-                    reason: e.to_string(),
+                    reason: ff_reason(&e),
                 })
             }
         }

@@ -19,16 +19,16 @@
 //! ```
 //!
 //! # Modules
-//! - [`container`]: [`Container`] (the client's declaration), magic-byte [`sniff`]ing and
+//! - [`container`] — [`Container`] (the client's declaration), magic-byte [`sniff`]ing and
 //!   mismatch errors, the demuxer over any `Read`.
-//! - [`sample`]: [`SamplingMode`] (transformers, the default, and Moonshot) and the live
+//! - [`sample`] — [`SamplingMode`] (transformers, the default, and Moonshot) and the live
 //!   [`LiveSelector`]; how the three relate is written there.
-//! - [`limits`]: [`VideoLimits`].
-//! - [`convert`]: [`ScalePath`] (exact: RGB at source size then Pillow-exact resize, the
+//! - [`limits`] — [`VideoLimits`].
+//! - [`convert`] — [`ScalePath`] (exact: RGB at source size then Pillow-exact resize, the
 //!   default; fast: one swscale step).
-//! - [`file`]: [`decode_video_file`], [`decode_video_bytes`], [`image_frame`].
-//! - [`live`]: [`LiveDecoder`].
-//! - [`timestamp`]: [`format_timestamp`] (`HH:MM:SS.mmm`).
+//! - [`file`] — [`decode_video_file`], [`decode_video_bytes`], [`image_frame`].
+//! - [`live`] — [`LiveDecoder`].
+//! - [`timestamp`] — [`format_timestamp`] (`HH:MM:SS.mmm`).
 //!
 //! FFmpeg's own log output is limited to fatal messages at first use ([`init`]): every
 //! failure is returned as a [`crate::MediaError`] with FFmpeg's reason in it.
@@ -106,8 +106,10 @@ pub struct VideoOptions {
     /// and slice threads, live streams slice threads only (frame threads add a frame of
     /// delay each); in `0..=64`.
     pub threads: u32,
-    /// Refuse bitstream errors (FFmpeg `err_detect=explode`) and frames marked corrupt
-    /// instead of concealing them (default true).
+    /// Refuse bitstream errors (FFmpeg `err_detect=explode`), frames marked corrupt and
+    /// files with fewer frames than their index declares (default true). When false,
+    /// errors are concealed and whatever decodes is returned (frames the decoder drops
+    /// shift the indices after them).
     pub strict: bool,
 }
 
@@ -128,7 +130,7 @@ impl Default for VideoOptions {
 impl VideoOptions {
     /// Checks every field; each error names the field and the value found.
     pub fn validate(&self) -> Result<()> {
-        if !(self.fps > 0.0 && self.fps <= 1000.0) {
+        if self.fps.is_nan() || self.fps <= 0.0 || self.fps > 1000.0 {
             return Err(MediaError::Config {
                 field: "fps",
                 reason: format!("must be in (0, 1000], got {}", self.fps),

@@ -60,7 +60,7 @@ impl SamplingMode {
 
 /// transformers' `default_sample_indices_fn` with `fps` (see the module docs).
 pub fn transformers_indices(total: u64, src_fps: f64, fps: f64) -> Vec<u64> {
-    if total == 0 || !(src_fps > 0.0) || !(fps > 0.0) {
+    if total == 0 || src_fps.is_nan() || src_fps <= 0.0 || fps.is_nan() || fps <= 0.0 {
         return Vec::new();
     }
     // Python: max(1, int(total_num_frames / video_fps * fps)), same operation order.
@@ -72,7 +72,7 @@ pub fn transformers_indices(total: u64, src_fps: f64, fps: f64) -> Vec<u64> {
 
 /// Moonshot's `linspace(0, total − 1, n).round()` sampler (see the module docs).
 pub fn moonshot_indices(total: u64, src_fps: f64, fps: f64) -> Vec<u64> {
-    if total == 0 || !(src_fps > 0.0) || !(fps > 0.0) {
+    if total == 0 || src_fps.is_nan() || src_fps <= 0.0 || fps.is_nan() || fps <= 0.0 {
         return Vec::new();
     }
     let sample_fps = fps.min(src_fps);

@@ -35,7 +35,7 @@ mod tests {
         assert_eq!(format_timestamp(0.5), "00:00:00.500");
         assert_eq!(format_timestamp(0.4999), "00:00:00.499");
         assert_eq!(format_timestamp(61.25), "00:01:01.250");
-        assert_eq!(format_timestamp(3723.999_9), "01:02:03.999");
+        assert_eq!(format_timestamp(3_723.999_9), "01:02:03.999");
     }
 
     #[test]
