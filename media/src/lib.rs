@@ -26,6 +26,9 @@
 //!   [`process_image_bytes`]) and the 2×2 patch-merger order ([`merge_order`]).
 //! - [`content_key`]: [`content_hash`] (SipHash-2-4, fixed key) and
 //!   [`placeholder_keys`] for media spans in the radix cache.
+//! - `video` (feature `video`, on by default): FFmpeg decoding of files, buffers and live
+//!   chunk streams into sampled RGB frames with timestamps (`video::decode_video_file`,
+//!   `video::LiveDecoder`).
 //!
 //! Video decoding (FFmpeg), frame sampling and temporal chunks (§3.4 of the architecture
 //! reference) are not here yet.
@@ -36,6 +39,8 @@ pub mod error;
 pub mod image_proc;
 pub mod resample;
 pub mod resize;
+#[cfg(feature = "video")]
+pub mod video;
 
 pub use content_key::{
     content_hash, content_hash_keyed, is_media_key, placeholder_keys, MEDIA_KEY_BIT,
