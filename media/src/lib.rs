@@ -30,8 +30,8 @@
 //!   chunk streams into sampled RGB frames with timestamps (`video::decode_video_file`,
 //!   `video::LiveDecoder`).
 //!
-//! Video decoding (FFmpeg), frame sampling and temporal chunks (§3.4 of the architecture
-//! reference) are not here yet.
+//! Temporal chunks of sampled frames (groups of up to four frames per media item, §3.4
+//! of the architecture reference) are built from `video`'s frames by the image path.
 
 pub mod content_key;
 pub mod decode;
