@@ -99,6 +99,13 @@ pub enum MediaError {
     #[error("image decoder limit exceeded: {0}")]
     DecoderLimit(String),
 
+    /// A set of video frames that cannot form chunks (none, mismatched sizes, bad times).
+    #[error("invalid video frames: {reason}")]
+    InvalidFrames {
+        /// What is wrong, with the values found.
+        reason: String,
+    },
+
     /// The image processor configuration is invalid.
     #[error("invalid image processor config: `{field}` {reason}")]
     Config {
@@ -124,6 +131,7 @@ impl MediaError {
             MediaError::GridTooLarge { .. } => "image_grid_too_large",
             MediaError::Decode { .. } => "image_decode_failed",
             MediaError::DecoderLimit(_) => "image_decoder_limit",
+            MediaError::InvalidFrames { .. } => "video_frames_invalid",
             MediaError::Config { .. } => "media_config_invalid",
         }
     }
