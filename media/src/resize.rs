@@ -272,6 +272,10 @@ impl ImageProcessorConfig {
 /// header alone, so token counts are known before any pixel is decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResizePlan {
+    /// Width of the image the plan was made for.
+    pub input_width: u32,
+    /// Height of the image the plan was made for.
+    pub input_height: u32,
     /// Width after the bicubic resize (the input width when no resize is needed).
     pub resized_width: u32,
     /// Height after the bicubic resize.
@@ -364,6 +368,8 @@ pub fn plan_resize(width: u32, height: u32, cfg: &ImageProcessorConfig) -> Resul
     // grid_limit (<= 65536) patches of <= 1024 pixels, checked just above.
     let px = |v: u64| u32::try_from(v).expect("bounded by the input side or the grid limit");
     Ok(ResizePlan {
+        input_width: width,
+        input_height: height,
         resized_width: px(rw),
         resized_height: px(rh),
         crop_left: px(crop_left),
