@@ -54,7 +54,7 @@ pub use error::{MediaError, Result};
 pub use frames::{chunk_frames, chunk_prompt, format_timestamp, frames_hash, VideoChunk};
 /// The decoded-frame type of [`chunk_frames`] (the `image` crate's, re-exported so that
 /// callers need no direct dependency on it).
-pub use image::RgbImage;
+pub use image::{Rgb, RgbImage};
 pub use image_proc::{merge_order, preprocess, process_image_bytes, ImagePatches};
 pub use kwargs::ACCEPTED_KWARGS;
 pub use resample::{resize_bicubic, resize_bicubic_with, Bicubic};
