@@ -35,11 +35,14 @@
 //!   routed rows between them.
 //! - [`pages`], [`radix`]: the plain data structures behind session memory.
 //! - [`runtime`]: starts the threads and hands out an [`runtime::Engine`] handle.
+//! - [`ingest`]: media decode and preprocessing on a CPU pool of its own.
+//! - [`vision`]: the VisionEncoder (batched tower calls, content-hash cache in bytes).
 
 pub mod admission;
 pub mod constraint;
 pub mod engine;
 pub mod expert_shard;
+pub mod ingest;
 pub mod messages;
 pub mod pages;
 pub mod radix;
@@ -47,3 +50,4 @@ pub mod runtime;
 pub mod scheduler;
 pub mod session_memory;
 pub mod stop;
+pub mod vision;

@@ -245,6 +245,13 @@ pub enum MediaError {
     #[error("live video stream is closed")]
     VideoClosed,
 
+    /// A set of video frames that cannot form chunks (none, mismatched sizes, bad times).
+    #[error("invalid video frames: {reason}")]
+    InvalidFrames {
+        /// What is wrong, with the values found.
+        reason: String,
+    },
+
     /// The image processor configuration is invalid.
     #[error("invalid image processor config: `{field}` {reason}")]
     Config {
@@ -287,6 +294,7 @@ impl MediaError {
             MediaError::VideoDecodeTimeout { .. } => "video_decode_timeout",
             MediaError::VideoNoKeyframe { .. } => "video_no_keyframe",
             MediaError::VideoClosed => "video_closed",
+            MediaError::InvalidFrames { .. } => "video_frames_invalid",
             MediaError::Config { .. } => "media_config_invalid",
         }
     }

@@ -1,15 +1,21 @@
 //! Image → vision-tower patches: normalise, pad or crop, patchify, merge order.
 //!
-//! After the resize of [`crate::resize`] (Pillow-exact, [`crate::resample`]), the image is
-//! laid on a canvas that is a multiple of `patch · merge` (28) pixels: zero-padded
-//! right/bottom, or center-cropped for Kimi-VL with `pad_input = false`. It is normalised
-//! `(x/255 − mean) / std` per channel (padding happens first, so padded pixels become
-//! `(0 − mean) / std`, not 0), and cut into `[N, 3, 14, 14]` patches in row-major order
-//! over the patch grid, with `grid_thw = [1, H/14, W/14]` and `num_tokens =
-//! (H/14)·(W/14)/4` LLM tokens after the 2×2 patch merger ([`merge_order`]).
+//! After the resize of [`crate::resize`] ([`crate::resample`], with the arithmetic of the
+//! config's [`Backend`]), the image is laid on a canvas that is a multiple of
+//! `patch · merge` (28) pixels: zero-padded right/bottom, or center-cropped for Kimi-VL
+//! with `pad_input = false`. It is normalised per channel (padding happens first, so
+//! padded pixels become `(0 − mean) / std`, not 0), and cut into `[N, 3, 14, 14]` patches
+//! in row-major order over the patch grid, with `grid_thw = [1, H/14, W/14]` and
+//! `num_tokens = (H/14)·(W/14)/4` LLM tokens after the 2×2 patch merger ([`merge_order`]).
 //!
-//! The normalisation is computed in `f32` the way the references do, so for K2.5/K3
-//! (`mean = std = 0.5`) `pixel_values` are bit-identical to the Python processors'.
+//! Normalisation is computed in `f32` exactly as the reference does, so `pixel_values`
+//! are bit-identical to the Python processors':
+//! - [`Backend::Torchvision`] (transformers' `rescale_and_normalize`, fused): mean and std
+//!   are scaled by 255 in `f32` and `(x − 255·mean) / (255·std)` is one subtraction and
+//!   one division, `x` the `u8` value as `f32`;
+//! - [`Backend::Pillow`] (the remote code): `(x/255 − mean) / std`.
+//!
+//! For `mean = std = 0.5` the two differ by one ulp on 128 of the 256 byte values.
 
 use std::borrow::Cow;
 
@@ -17,8 +23,8 @@ use image::RgbImage;
 
 use crate::decode::decode_image;
 use crate::error::Result;
-use crate::resample::resize_bicubic;
-use crate::resize::{plan_resize, ImageProcessorConfig, ResizePlan};
+use crate::resample::resize_bicubic_with;
+use crate::resize::{plan_resize, Backend, ImageProcessorConfig, ResizePlan};
 
 /// One image cut into vision-tower patches.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,14 +58,36 @@ impl ImagePatches {
 /// Resizes, pads (or crops), normalises and patchifies an RGB image.
 pub fn preprocess(image: &RgbImage, cfg: &ImageProcessorConfig) -> Result<ImagePatches> {
     let plan = plan_resize(image.width(), image.height(), cfg)?;
+    let p = cfg.patch_size as usize;
+    let mut pixel_values = vec![0f32; plan.grid_h * plan.grid_w * 3 * p * p];
+    write_patches(image, &plan, cfg, &mut pixel_values);
+    Ok(ImagePatches {
+        pixel_values,
+        grid_thw: [1, plan.grid_h, plan.grid_w],
+        num_tokens: plan.num_tokens,
+        patch_size: p,
+        plan,
+    })
+}
+
+/// Resizes `image` by `plan` and writes its `grid_h · grid_w` normalised patches into
+/// `out` (exactly that many values: `grid_h · grid_w · 3 · patch²`). Shared by still
+/// images and the frames of a video chunk, which are laid out frame after frame.
+pub(crate) fn write_patches(
+    image: &RgbImage,
+    plan: &ResizePlan,
+    cfg: &ImageProcessorConfig,
+    out: &mut [f32],
+) {
     let resized: Cow<'_, RgbImage> =
         if (plan.resized_width, plan.resized_height) == image.dimensions() {
             Cow::Borrowed(image)
         } else {
-            Cow::Owned(resize_bicubic(
+            Cow::Owned(resize_bicubic_with(
                 image,
                 plan.resized_width,
                 plan.resized_height,
+                cfg.backend.bicubic(),
             ))
         };
     let p = cfg.patch_size as usize;
@@ -68,17 +96,16 @@ pub fn preprocess(image: &RgbImage, cfg: &ImageProcessorConfig) -> Result<ImageP
     let raw = resized.as_raw();
 
     // Lookup tables: every u8 value per channel, and the value of a padded (black) pixel.
-    let mut table = [[0f32; 256]; 3];
-    for (c, row) in table.iter_mut().enumerate() {
-        for (v, slot) in row.iter_mut().enumerate() {
-            *slot = normalise(v as u8, cfg.image_mean[c], cfg.image_std[c]);
-        }
-    }
+    let table = normalise_table(cfg);
     let pad: [f32; 3] = [table[0][0], table[1][0], table[2][0]];
 
     let patch_len = 3 * p * p;
-    let mut pixel_values = vec![0f32; plan.grid_h * plan.grid_w * patch_len];
-    for (index, patch) in pixel_values.chunks_exact_mut(patch_len).enumerate() {
+    assert_eq!(
+        out.len(),
+        plan.grid_h * plan.grid_w * patch_len,
+        "write_patches: output sized for the plan's grid"
+    );
+    for (index, patch) in out.chunks_exact_mut(patch_len).enumerate() {
         let (gy, gx) = (index / plan.grid_w, index % plan.grid_w);
         for r in 0..p {
             let y = gy * p + r + top;
@@ -94,13 +121,6 @@ pub fn preprocess(image: &RgbImage, cfg: &ImageProcessorConfig) -> Result<ImageP
             }
         }
     }
-    Ok(ImagePatches {
-        pixel_values,
-        grid_thw: [1, plan.grid_h, plan.grid_w],
-        num_tokens: plan.num_tokens,
-        patch_size: p,
-        plan,
-    })
 }
 
 /// Decodes encoded PNG/JPEG bytes under `cfg`'s decode limits and preprocesses them.
@@ -110,11 +130,30 @@ pub fn process_image_bytes(bytes: &[u8], cfg: &ImageProcessorConfig) -> Result<I
     preprocess(&image, cfg)
 }
 
-/// `(v/255 − mean) / std` in `f32`, as torchvision (`to_tensor` + `normalize`) computes
-/// it. The K2.5/K3 NumPy path, `f32(v/255.0) − mean) · f32(1/std)`, gives the same bits
-/// for `std = 0.5` (a power of two; and `v/255` has no rounding tie to double-round).
-fn normalise(v: u8, mean: f32, std: f32) -> f32 {
-    (f32::from(v) / 255.0 - mean) / std
+/// The normalised value of every byte, per channel.
+fn normalise_table(cfg: &ImageProcessorConfig) -> [[f32; 256]; 3] {
+    let mut table = [[0f32; 256]; 3];
+    for (c, row) in table.iter_mut().enumerate() {
+        for (v, slot) in row.iter_mut().enumerate() {
+            *slot = normalise(v as u8, cfg.image_mean[c], cfg.image_std[c], cfg.backend);
+        }
+    }
+    table
+}
+
+/// One byte normalised as the backend's reference computes it in `f32`.
+///
+/// - Torchvision: `_fuse_mean_std_and_rescale_factor` makes `mean·(1/rescale_factor)` and
+///   `std·(1/rescale_factor)` (`f32` tensors times 255.0), then `normalize` subtracts and
+///   divides.
+/// - Pillow (remote code): `(v/255 − mean) / std`; the NumPy path
+///   `(f32(v/255.0) − mean) · f32(1/std)` gives the same bits for `std = 0.5` (a power of
+///   two; and `v/255` has no rounding tie to double-round).
+fn normalise(v: u8, mean: f32, std: f32, backend: Backend) -> f32 {
+    match backend {
+        Backend::Torchvision => (f32::from(v) - mean * 255.0) / (std * 255.0),
+        Backend::Pillow => (f32::from(v) / 255.0 - mean) / std,
+    }
 }
 
 /// The 2×2 patch-merger order: for merged cell `(i, j)` (row-major over the
@@ -192,13 +231,23 @@ mod tests {
         for v in 0..=255u8 {
             for (mean, std) in CLIP_MEAN.iter().zip(CLIP_STD.iter()).chain([(&0.5, &0.5)]) {
                 let want = (f64::from(v) / 255.0 - f64::from(*mean)) / f64::from(*std);
-                let got = f64::from(normalise(v, *mean, *std));
-                assert!((got - want).abs() < 1e-6, "{v}: {got} vs {want}");
+                for backend in [Backend::Torchvision, Backend::Pillow] {
+                    let got = f64::from(normalise(v, *mean, *std, backend));
+                    assert!(
+                        (got - want).abs() < 1e-6,
+                        "{v} {backend:?}: {got} vs {want}"
+                    );
+                }
             }
             // mean = std = 0.5: f32(v/255) * 2 - 1 exactly, as NumPy's f32 path gives.
             assert_eq!(
-                normalise(v, 0.5, 0.5),
+                normalise(v, 0.5, 0.5, Backend::Pillow),
                 ((f64::from(v) / 255.0) as f32 - 0.5) * 2.0
+            );
+            // torchvision's fused form: (v - 127.5) / 127.5, one rounding.
+            assert_eq!(
+                normalise(v, 0.5, 0.5, Backend::Torchvision),
+                ((f64::from(v) - 127.5) / 127.5) as f32
             );
         }
     }
@@ -225,7 +274,7 @@ mod tests {
                         let got = patch[c * p * p + r * p + q];
                         if x < w as usize && y < h as usize {
                             let want = [x, y, (3 * x + 5 * y) % 256][c];
-                            // Invert (v/255 - 0.5)/0.5; exact after rounding.
+                            // Invert (v - 127.5)/127.5; exact after rounding.
                             let v = ((got * 0.5 + 0.5) * 255.0).round() as usize;
                             assert_eq!(v, want, "patch {n} c{c} r{r} q{q}");
                         } else {
@@ -261,7 +310,7 @@ mod tests {
     }
 
     #[test]
-    fn resized_images_use_the_pillow_resampler() {
+    fn resized_images_use_the_backends_resampler() {
         let image = RgbImage::from_fn(300, 200, |x, y| {
             Rgb([
                 (x * 255 / 299) as u8,
@@ -269,54 +318,91 @@ mod tests {
                 ((x * y) % 251) as u8,
             ])
         });
-        let cfg = ImageProcessorConfig {
-            resize: ResizeRule::NavitPatchLimit {
-                in_patch_limit: 64,
-                patch_limit_on_one_side: 512,
-            },
-            ..ImageProcessorConfig::kimi_k25()
-        };
-        // 21x14 = 294 patches; scale sqrt(64/294) = 0.46657 → 139x93 → padded 140x112.
-        let out = preprocess(&image, &cfg).expect("fits");
-        assert_eq!(
-            (
-                out.plan.resized_width,
-                out.plan.resized_height,
-                out.grid_thw,
-                out.num_tokens
-            ),
-            (139, 93, [1, 8, 10], 20)
-        );
-        let resized = resize_bicubic(&image, 139, 93);
-        for y in 0..112 {
-            for x in 0..140 {
-                for c in 0..3 {
-                    let want = if y < 93 && x < 139 {
-                        normalise(resized.get_pixel(x as u32, y as u32)[c], 0.5, 0.5)
-                    } else {
-                        -1.0
-                    };
-                    assert_eq!(canvas_value(&out, c, y, x), want, "({y},{x}) c{c}");
+        for backend in [Backend::Torchvision, Backend::Pillow] {
+            let cfg = ImageProcessorConfig {
+                resize: ResizeRule::NavitPatchLimit {
+                    in_patch_limit: 64,
+                    patch_limit_on_one_side: 512,
+                },
+                backend,
+                ..ImageProcessorConfig::kimi_k25()
+            };
+            // 21x14 = 294 patches; scale sqrt(64/294) = 0.46657 → 139x93 → padded 140x112.
+            let out = preprocess(&image, &cfg).expect("fits");
+            assert_eq!(
+                (
+                    out.plan.resized_width,
+                    out.plan.resized_height,
+                    out.grid_thw,
+                    out.num_tokens
+                ),
+                (139, 93, [1, 8, 10], 20)
+            );
+            let resized = resize_bicubic_with(&image, 139, 93, backend.bicubic());
+            for y in 0..112 {
+                for x in 0..140 {
+                    for c in 0..3 {
+                        let want = if y < 93 && x < 139 {
+                            normalise(resized.get_pixel(x as u32, y as u32)[c], 0.5, 0.5, backend)
+                        } else {
+                            -1.0
+                        };
+                        assert_eq!(canvas_value(&out, c, y, x), want, "({y},{x}) c{c}");
+                    }
                 }
             }
         }
     }
 
     #[test]
-    fn matches_the_python_k25_processor_bit_for_bit() {
-        // Golden FNV-1a hashes of the little-endian f32 `pixel_values` produced by the
-        // Python K2.5 path (navit_resize_image, Pillow 13.0.0 bicubic, np.pad, NumPy f32
-        // normalise, navit_patchify) on the same noise image as the resampler goldens.
+    fn matches_the_python_k25_processors_bit_for_bit() {
+        // Golden FNV-1a hashes of the little-endian f32 `pixel_values` produced on the
+        // resampler goldens' noise image by
+        // - the remote-code K2.5 path (navit_resize_image, Pillow 13.0.0 bicubic, np.pad,
+        //   NumPy f32 normalise, navit_patchify): Backend::Pillow;
+        // - transformers 5.23 `Kimi_K25ImageProcessor(max_patches=limit)` (torch 2.15):
+        //   Backend::Torchvision.
         use crate::resample::tests::{fnv1a, noise};
-        for (w, h, limit, grid, hash) in [
-            (300, 200, 64, [1, 8, 10], 0xc5b3_078d_d00a_34b2_u64),
-            (97, 61, 16384, [1, 6, 8], 0xd4ab_6f8e_4a79_9d2a),
+        for (backend, w, h, limit, grid, hash) in [
+            (
+                Backend::Pillow,
+                300,
+                200,
+                64,
+                [1, 8, 10],
+                0xc5b3_078d_d00a_34b2_u64,
+            ),
+            (
+                Backend::Pillow,
+                97,
+                61,
+                16384,
+                [1, 6, 8],
+                0xd4ab_6f8e_4a79_9d2a,
+            ),
+            (
+                Backend::Torchvision,
+                300,
+                200,
+                64,
+                [1, 8, 10],
+                0xbfea_b8e0_84a5_5781,
+            ),
+            (
+                Backend::Torchvision,
+                97,
+                61,
+                16384,
+                [1, 6, 8],
+                0x62ef_2235_64dd_fd06,
+            ),
         ] {
             let cfg = ImageProcessorConfig {
                 resize: ResizeRule::NavitPatchLimit {
                     in_patch_limit: limit,
                     patch_limit_on_one_side: 512,
                 },
+                backend,
                 ..ImageProcessorConfig::kimi_k25()
             };
             let out = preprocess(&noise(w, h), &cfg).expect("fits");
@@ -329,7 +415,7 @@ mod tests {
             assert_eq!(
                 fnv1a(&bytes),
                 hash,
-                "{w}x{h}: pixel_values differ from Python"
+                "{backend:?} {w}x{h}: pixel_values differ from Python"
             );
         }
     }

@@ -19,9 +19,12 @@
 //! - [`error`]: [`MediaError`] (every variant names the limit it hit) and [`Result`].
 //! - [`decode`]: format detection, header-first size checks ([`DecodeLimits`]), decoding
 //!   to 8-bit RGB like Pillow's `convert("RGB")`.
-//! - [`resize`]: [`ImageProcessorConfig`] (K2.5, K3 and Kimi-VL presets) and the resize
-//!   rules ([`plan_resize`]: target size, padding or crop, grid, token count).
-//! - [`resample`]: Pillow-exact bicubic resize.
+//! - [`resize`]: [`ImageProcessorConfig`] (K2.5, K3 and Kimi-VL presets; which
+//!   reference's arithmetic, [`Backend`]) and the resize rules ([`plan_resize`]: target
+//!   size, padding or crop, grid, token count). [`ImageProcessorConfig::with_kwargs`]
+//!   applies `--mm-processor-kwargs`-style JSON options (module `kwargs`).
+//! - [`resample`]: bicubic resizes exact to Pillow and to PyTorch's uint8 antialiased
+//!   kernel (what transformers' torchvision backend runs).
 //! - [`image_proc`]: normalisation and patchify ([`preprocess`],
 //!   [`process_image_bytes`]) and the 2×2 patch-merger order ([`merge_order`]).
 //! - [`content_key`]: [`content_hash`] (SipHash-2-4, fixed key) and
@@ -29,16 +32,23 @@
 //! - `video` (feature `video`, on by default): FFmpeg decoding of files, buffers and live
 //!   chunk streams into sampled RGB frames with timestamps (`video::decode_video_file`,
 //!   `video::LiveDecoder`).
+//! - [`frames`]: decoded video frames → temporal chunks of `temporal_patch_size` frames
+//!   ([`chunk_frames`], [`VideoChunk`]) and the chunk prompt with its `HH:MM:SS.mmm`
+//!   timestamp ([`chunk_prompt`]), as transformers' `Kimi_K25VideoProcessor` builds them.
 //!
-//! Temporal chunks of sampled frames (groups of up to four frames per media item, §3.4
-//! of the architecture reference) are built from `video`'s frames by the image path.
+//! Exactness is checked against transformers 5.23's Kimi K2.5 image and video
+//! processors on real images and clip frames made with the `ffmpeg` CLI
+//! (`media/tests/fixtures`, written by `tools/make_media_fixtures.py`; `media/tests/`).
 
 pub mod content_key;
 pub mod decode;
 pub mod error;
+pub mod frames;
 pub mod image_proc;
+mod kwargs;
 pub mod resample;
 pub mod resize;
+pub mod timestamp;
 #[cfg(feature = "video")]
 pub mod video;
 
@@ -47,6 +57,11 @@ pub use content_key::{
 };
 pub use decode::{decode_image, probe_image, DecodeLimits, ImageInfo};
 pub use error::{MediaError, Result};
+pub use frames::{chunk_frames, chunk_prompt, format_timestamp, frames_hash, VideoChunk};
+/// The decoded-frame type of [`chunk_frames`] (the `image` crate's, re-exported so that
+/// callers need no direct dependency on it).
+pub use image::{Rgb, RgbImage};
 pub use image_proc::{merge_order, preprocess, process_image_bytes, ImagePatches};
-pub use resample::resize_bicubic;
-pub use resize::{plan_resize, ImageProcessorConfig, ResizePlan, ResizeRule};
+pub use kwargs::ACCEPTED_KWARGS;
+pub use resample::{resize_bicubic, resize_bicubic_with, Bicubic};
+pub use resize::{plan_resize, Backend, ImageProcessorConfig, ResizePlan, ResizeRule};

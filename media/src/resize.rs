@@ -15,6 +15,12 @@
 //!   (`pad_input`) or center-crop down to them; grids of 512 or more patches on a side are
 //!   rejected ("Exceed pos emb").
 //!
+//! Which arithmetic resizes and normalises is the config's [`Backend`]: transformers'
+//! native K2.5 processors ([`Backend::Torchvision`], the K2.5/K3 presets) or the Moonshot
+//! remote code ([`Backend::Pillow`], the Kimi-VL preset). Video frames use the same rules
+//! with their own patch budget ([`ImageProcessorConfig::frame_patch_limit`]) and are
+//! grouped by [`ImageProcessorConfig::temporal_patch_size`] ([`crate::frames`]).
+//!
 //! [`plan_resize`] needs only the width and height, so the gateway can count an image's
 //! tokens from its header ([`crate::probe_image`]) before decoding any pixel.
 
@@ -29,6 +35,28 @@ pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
 /// Kimi-VL rejects grids with this many patches (or more) on a side: its 2D RoPE table is
 /// 512×512 and the processor raises "Exceed pos emb" at 512.
 pub const KIMI_VL_GRID_LIMIT: usize = 512;
+
+/// Which reference processor's resize and normalisation arithmetic to reproduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// transformers' native `Kimi_K25ImageProcessor` / `Kimi_K25VideoProcessor`
+    /// (`TorchvisionBackend`): PyTorch's uint8 antialiased bicubic
+    /// ([`crate::Bicubic::Torch`]) and the fused `(x − 255·mean) / (255·std)` in `f32`.
+    Torchvision,
+    /// The Moonshot remote-code processors (Pillow resize, NumPy/torchvision `x/255`
+    /// then `(· − mean) / std` in `f32`): [`crate::Bicubic::Pillow`].
+    Pillow,
+}
+
+impl Backend {
+    /// The resampler this backend uses.
+    pub fn bicubic(self) -> crate::resample::Bicubic {
+        match self {
+            Backend::Torchvision => crate::resample::Bicubic::Torch,
+            Backend::Pillow => crate::resample::Bicubic::Pillow,
+        }
+    }
+}
 
 /// How an image is brought to a patch-aligned size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +94,16 @@ pub struct ImageProcessorConfig {
     pub image_std: [f32; 3],
     /// The resize/pad policy of the model family.
     pub resize: ResizeRule,
+    /// Whose resize and normalisation arithmetic to match bit for bit.
+    pub backend: Backend,
+    /// Frames per video chunk (transformers' `temporal_patch_size`, Moonshot's
+    /// `temporal_merge_kernel_size`): 4 for K2.5/K3, whose tower has 4 time embeddings;
+    /// 1..=16 accepted here, the vision tower checks its own maximum.
+    pub temporal_patch_size: u32,
+    /// Patch budget of each video frame, replacing the image budget of [`Self::resize`]
+    /// for frames (transformers' video `max_patches`, Moonshot's
+    /// `in_patch_limit_each_frame`; default 4096, about 1024 tokens per chunk).
+    pub frame_patch_limit: u64,
     /// Decode safety limit: longest accepted side in pixels (default 16384). Not a model
     /// parameter: it bounds memory before the resize shrinks the image.
     pub max_decoded_side: u32,
@@ -81,8 +119,10 @@ impl Default for ImageProcessorConfig {
 }
 
 impl ImageProcessorConfig {
-    /// Kimi K2.5 / K2.6 `media_proc_cfg`: patch 14, merge 2, mean = std = 0.5,
-    /// `in_patch_limit` 16384, 512 patches per side.
+    /// Kimi K2.5 / K2.6 as transformers' `Kimi_K25ImageProcessor` and
+    /// `Kimi_K25VideoProcessor` ship them: patch 14, merge 2, mean = std = 0.5,
+    /// `max_patches` 16384 per image and 4096 per video frame, 512 patches per side,
+    /// 4 frames per chunk, torchvision arithmetic.
     pub fn kimi_k25() -> Self {
         ImageProcessorConfig {
             patch_size: 14,
@@ -93,12 +133,16 @@ impl ImageProcessorConfig {
                 in_patch_limit: 16384,
                 patch_limit_on_one_side: 512,
             },
+            backend: Backend::Torchvision,
+            temporal_patch_size: 4,
+            frame_patch_limit: 4096,
             max_decoded_side: DEFAULT_MAX_SIDE,
             max_decoded_pixels: DEFAULT_MAX_PIXELS,
         }
     }
 
     /// Kimi K3: as K2.5 with `in_patch_limit` 65536 (up to 16384 LLM tokens per image).
+    /// K3's processor is not in transformers; it is assumed to share K2.5's arithmetic.
     pub fn kimi_k3() -> Self {
         ImageProcessorConfig {
             resize: ResizeRule::NavitPatchLimit {
@@ -110,7 +154,9 @@ impl ImageProcessorConfig {
     }
 
     /// Kimi-VL (`preprocessor_config.json`: `in_token_limit` 4096, `pad_input` true),
-    /// with the class's CLIP mean/std defaults.
+    /// with the class's CLIP mean/std defaults and the remote code's Pillow arithmetic.
+    /// Kimi-VL has no video processor: frames are single-frame chunks under the image
+    /// budget.
     pub fn kimi_vl() -> Self {
         ImageProcessorConfig {
             patch_size: 14,
@@ -121,9 +167,31 @@ impl ImageProcessorConfig {
                 in_token_limit: 4096,
                 pad_input: true,
             },
+            backend: Backend::Pillow,
+            temporal_patch_size: 1,
+            frame_patch_limit: 4096,
             max_decoded_side: DEFAULT_MAX_SIDE,
             max_decoded_pixels: DEFAULT_MAX_PIXELS,
         }
+    }
+
+    /// The settings one video frame is resized with: the image rule with its patch budget
+    /// replaced by [`Self::frame_patch_limit`].
+    pub fn frame_config(&self) -> Self {
+        let resize = match self.resize {
+            ResizeRule::NavitPatchLimit {
+                patch_limit_on_one_side,
+                ..
+            } => ResizeRule::NavitPatchLimit {
+                in_patch_limit: self.frame_patch_limit,
+                patch_limit_on_one_side,
+            },
+            ResizeRule::TokenLimit { pad_input, .. } => ResizeRule::TokenLimit {
+                in_token_limit: self.frame_patch_limit,
+                pad_input,
+            },
+        };
+        ImageProcessorConfig { resize, ..*self }
     }
 
     /// The decode limits these settings ask for.
@@ -181,6 +249,15 @@ impl ImageProcessorConfig {
                 }
             }
         }
+        if self.temporal_patch_size == 0 || self.temporal_patch_size > 16 {
+            return bad(
+                "temporal_patch_size",
+                format!("must be in 1..=16, got {}", self.temporal_patch_size),
+            );
+        }
+        if self.frame_patch_limit == 0 {
+            return bad("frame_patch_limit", "must be at least 1, got 0".into());
+        }
         if self.max_decoded_side == 0 {
             return bad("max_decoded_side", "must be at least 1, got 0".into());
         }
@@ -195,6 +272,10 @@ impl ImageProcessorConfig {
 /// header alone, so token counts are known before any pixel is decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResizePlan {
+    /// Width of the image the plan was made for.
+    pub input_width: u32,
+    /// Height of the image the plan was made for.
+    pub input_height: u32,
     /// Width after the bicubic resize (the input width when no resize is needed).
     pub resized_width: u32,
     /// Height after the bicubic resize.
@@ -287,6 +368,8 @@ pub fn plan_resize(width: u32, height: u32, cfg: &ImageProcessorConfig) -> Resul
     // grid_limit (<= 65536) patches of <= 1024 pixels, checked just above.
     let px = |v: u64| u32::try_from(v).expect("bounded by the input side or the grid limit");
     Ok(ResizePlan {
+        input_width: width,
+        input_height: height,
         resized_width: px(rw),
         resized_height: px(rh),
         crop_left: px(crop_left),

@@ -28,7 +28,7 @@
 //!   default; fast: one swscale step).
 //! - [`file`] — [`decode_video_file`], [`decode_video_bytes`], [`image_frame`].
 //! - [`live`] — [`LiveDecoder`].
-//! - [`timestamp`] — [`format_timestamp`] (`HH:MM:SS.mmm`).
+//! - `crate::timestamp` — [`format_timestamp`] (`HH:MM:SS.mmm`, shared with the chunk prompts).
 //!
 //! FFmpeg's own log output is limited to fatal messages at first use ([`init`]): every
 //! failure is returned as a [`crate::MediaError`] with FFmpeg's reason in it.
@@ -40,7 +40,6 @@ pub mod file;
 pub mod limits;
 pub mod live;
 pub mod sample;
-pub mod timestamp;
 
 use std::sync::Once;
 
@@ -52,7 +51,7 @@ pub use file::{decode_video_bytes, decode_video_file, image_frame};
 pub use limits::VideoLimits;
 pub use live::LiveDecoder;
 pub use sample::{moonshot_indices, transformers_indices, LiveSelector, SamplingMode};
-pub use timestamp::format_timestamp;
+pub use crate::timestamp::format_timestamp;
 
 use crate::error::{MediaError, Result};
 use crate::resize::{ImageProcessorConfig, ResizeRule};
