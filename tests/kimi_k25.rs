@@ -118,9 +118,12 @@ fn tower_matches_transformers_per_item_and_packed() {
         let alone = tower.encode(&items[i..i + 1]).expect("encode")[0].clone();
         let d = max_diff(&alone, &want);
         assert!(d <= TOWER_TOL, "{name} alone: max |Δ| {d}");
-        // Packing changes no item's rows: attention stays within each item.
+        // Packing changes an item's rows only by matmul rounding (the kernels
+        // tile by row count): attention stays within each item.
         let dp = max_diff(&packed[i], &alone);
-        assert!(dp <= 1e-6, "{name} packed vs alone: max |Δ| {dp}");
+        assert!(dp <= 1e-5, "{name} packed vs alone: max |Δ| {dp}");
+        let dr = max_diff(&packed[i], &want);
+        assert!(dr <= TOWER_TOL, "{name} packed: max |Δ| {dr}");
         eprintln!("{name}: grid {:?}, {tokens} tokens, max |Δ| vs transformers {d:.2e}", items[i].grid_thw);
     }
 }
@@ -147,7 +150,10 @@ fn run_case(model: &dyn CausalLm, case: &Value) -> (Vec<u32>, Vec<f32>, Vec<u32>
     let req = GenerateRequest {
         prompt_ids: mp.ids.clone(),
         max_tokens: 16,
-        sampling: SamplingParams::default(),
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
         stop_ids: Vec::new(),
     };
     let gen = generate_with(model, &req, &mp.spans, |_| {}).expect("generate");

@@ -247,13 +247,8 @@ impl MoonVit3d {
     /// Applies RoPE to the q and k parts of `qkv` (`[n, 3·q]`).
     fn rotate(&self, qkv: &mut [f32], table: &RopeTable) {
         let qw = self.cfg.qkv_hidden;
-        let half = self.cfg.head_dim() / 2;
         qkv.par_chunks_mut(3 * qw).enumerate().for_each(|(t, row)| {
-            let one = RopeTable {
-                cos: table.cos[t * half..(t + 1) * half].to_vec(),
-                sin: table.sin[t * half..(t + 1) * half].to_vec(),
-            };
-            self.rope.apply(&mut row[..2 * qw], &one);
+            self.rope.apply_token(&mut row[..2 * qw], table, t);
         });
     }
 

@@ -56,18 +56,24 @@ impl Rope2d {
 
     /// Rotates `x` (`[n, heads · head_dim]`) in place.
     pub fn apply(&self, x: &mut [f32], table: &RopeTable) {
-        let (hd, half) = (self.head_dim, self.head_dim / 2);
+        let half = self.head_dim / 2;
         let n = table.cos.len() / half;
         let width = x.len() / n.max(1);
         assert_eq!(x.len(), n * width, "rope2d: x is not [n, heads·head_dim]");
         for (t, row) in x.chunks_exact_mut(width).enumerate() {
-            let (c, s) = (&table.cos[t * half..(t + 1) * half], &table.sin[t * half..(t + 1) * half]);
-            for head in row.chunks_exact_mut(hd) {
-                for (m, pair) in head.chunks_exact_mut(2).enumerate() {
-                    let (re, im) = (pair[0], pair[1]);
-                    pair[0] = re * c[m] - im * s[m];
-                    pair[1] = re * s[m] + im * c[m];
-                }
+            self.apply_token(row, table, t);
+        }
+    }
+
+    /// Rotates every head of token `t`'s row (`[heads · head_dim]`).
+    pub fn apply_token(&self, row: &mut [f32], table: &RopeTable, t: usize) {
+        let (hd, half) = (self.head_dim, self.head_dim / 2);
+        let (c, s) = (&table.cos[t * half..(t + 1) * half], &table.sin[t * half..(t + 1) * half]);
+        for head in row.chunks_exact_mut(hd) {
+            for (m, pair) in head.chunks_exact_mut(2).enumerate() {
+                let (re, im) = (pair[0], pair[1]);
+                pair[0] = re * c[m] - im * s[m];
+                pair[1] = re * s[m] + im * c[m];
             }
         }
     }
