@@ -137,7 +137,10 @@ pub fn splice_media(
         )));
     }
     let rows = on_pool(|| tower.encode(items))?;
-    let media_tokens: Vec<usize> = items.iter().map(|it| tower.num_tokens(it.grid_thw)).collect();
+    let media_tokens: Vec<usize> = items
+        .iter()
+        .map(|it| tower.num_tokens(it.grid_thw))
+        .collect();
     let mut ids = Vec::with_capacity(prompt.len() + media_tokens.iter().sum::<usize>());
     let mut spans = Vec::with_capacity(items.len());
     let mut next = rows.into_iter().zip(&media_tokens);
@@ -146,7 +149,9 @@ pub fn splice_media(
             ids.push(t);
             continue;
         }
-        let (r, &n) = next.next().expect("one item per placeholder, counted above");
+        let (r, &n) = next
+            .next()
+            .expect("one item per placeholder, counted above");
         spans.push(EmbedSpan {
             offset: ids.len(),
             rows: r.into(),

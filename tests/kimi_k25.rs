@@ -99,7 +99,10 @@ fn item(name: &str) -> VisionInput {
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "lengths differ");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 const ITEMS: [&str; 3] = ["a", "b", "clip"];
@@ -124,7 +127,10 @@ fn tower_matches_transformers_per_item_and_packed() {
         assert!(dp <= 1e-5, "{name} packed vs alone: max |Δ| {dp}");
         let dr = max_diff(&packed[i], &want);
         assert!(dr <= TOWER_TOL, "{name} packed: max |Δ| {dr}");
-        eprintln!("{name}: grid {:?}, {tokens} tokens, max |Δ| vs transformers {d:.2e}", items[i].grid_thw);
+        eprintln!(
+            "{name}: grid {:?}, {tokens} tokens, max |Δ| vs transformers {d:.2e}",
+            items[i].grid_thw
+        );
     }
 }
 
@@ -168,7 +174,11 @@ fn check_greedy(name: &str, got: &[u32], case: &Value) {
         if m.as_f64().unwrap() < CLEAR_MARGIN as f64 {
             break;
         }
-        assert_eq!(got[step] as u64, w.as_u64().unwrap(), "{name}: greedy step {step}");
+        assert_eq!(
+            got[step] as u64,
+            w.as_u64().unwrap(),
+            "{name}: greedy step {step}"
+        );
         checked += 1;
     }
     assert!(checked >= 8, "{name}: only {checked} clear greedy steps");
@@ -244,21 +254,43 @@ fn edited_copy(tag: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {
 #[test]
 fn bad_vision_configs_are_named_errors() {
     let cases: [(&str, fn(&mut Value), &str); 4] = [
-        ("heads", |c| c["vision_config"]["vt_num_attention_heads"] = 3.into(), "vt_num_attention_heads"),
-        ("norm", |c| c["vision_config"]["norm_type"] = "groupnorm".into(), "norm_type"),
-        ("text", |c| c["vision_config"]["text_hidden_size"] = 63.into(), "text_hidden_size"),
+        (
+            "heads",
+            |c| c["vision_config"]["vt_num_attention_heads"] = 3.into(),
+            "vt_num_attention_heads",
+        ),
+        (
+            "norm",
+            |c| c["vision_config"]["norm_type"] = "groupnorm".into(),
+            "norm_type",
+        ),
+        (
+            "text",
+            |c| c["vision_config"]["text_hidden_size"] = 63.into(),
+            "text_hidden_size",
+        ),
         // A projector the checkpoint has no tensors for: the missing tensor is named.
-        ("v2", |c| c["vision_config"]["mm_projector_type"] = "patchmergerv2".into(), "mm_projector.post_norm.weight"),
+        (
+            "v2",
+            |c| c["vision_config"]["mm_projector_type"] = "patchmergerv2".into(),
+            "mm_projector.post_norm.weight",
+        ),
     ];
     for (tag, edit, key) in cases {
         let dir = edited_copy(tag, edit);
-        let err = LoadedModel::load(&dir).err().expect("load fails").to_string();
+        let err = LoadedModel::load(&dir)
+            .err()
+            .expect("load fails")
+            .to_string();
         assert!(err.contains(key), "{tag}: {err}");
     }
     let dir = edited_copy("none", |c| {
         c.as_object_mut().unwrap().remove("vision_config");
     });
-    let err = LoadedModel::load(&dir).err().expect("load fails").to_string();
+    let err = LoadedModel::load(&dir)
+        .err()
+        .expect("load fails")
+        .to_string();
     assert!(err.contains("vision_config"), "{err}");
 }
 
@@ -267,7 +299,9 @@ fn a_model_without_a_tower_refuses_media() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-deepseek-v3");
     let m = LoadedModel::load(&dir).unwrap();
     assert!(m.model.vision().is_none());
-    let err = splice_media(m.model.as_ref(), &[5, 6], &[item("a")]).unwrap_err().to_string();
+    let err = splice_media(m.model.as_ref(), &[5, 6], &[item("a")])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("no vision tower"), "{err}");
     // A placeholder count that does not match the items is refused too.
     let err = splice_media(published().model.as_ref(), &[5, 500, 500], &[item("a")])
@@ -301,14 +335,29 @@ fn cli_generate_with_an_image_reproduces_the_reference() {
     let out = Command::new(env!("CARGO_BIN_EXE_caracal"))
         .args(["generate", "--model"])
         .arg(fixture().join("published"))
-        .args(["--prompt-ids", &ids.join(","), "--max-tokens", "8", "--ignore-eos", "--json", "--image"])
+        .args([
+            "--prompt-ids",
+            &ids.join(","),
+            "--max-tokens",
+            "8",
+            "--ignore-eos",
+            "--json",
+            "--image",
+        ])
         .arg(fixture().join("images/a.png"))
         .output()
         .expect("caracal runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(v["media_tokens"], serde_json::json!([6]));
-    assert_eq!(v["token_ids"].as_array().unwrap()[..8], case["greedy_ids"].as_array().unwrap()[..8]);
+    assert_eq!(
+        v["token_ids"].as_array().unwrap()[..8],
+        case["greedy_ids"].as_array().unwrap()[..8]
+    );
 
     let out = Command::new(env!("CARGO_BIN_EXE_caracal"))
         .args(["generate", "--model"])

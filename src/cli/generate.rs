@@ -103,7 +103,10 @@ pub struct GenerateArgs {
 pub const IMAGE_WRAPPER: &str = "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>";
 
 /// The image-processor settings of a model type, with `kwargs` applied.
-fn processor_config(model_type: &str, kwargs: Option<&str>) -> Result<caracal_media::ImageProcessorConfig> {
+fn processor_config(
+    model_type: &str,
+    kwargs: Option<&str>,
+) -> Result<caracal_media::ImageProcessorConfig> {
     use caracal_media::{ImageProcessorConfig, ResizeRule};
     let mut cfg = match model_type {
         "kimi_k3" => ImageProcessorConfig::kimi_k3(),
@@ -112,8 +115,8 @@ fn processor_config(model_type: &str, kwargs: Option<&str>) -> Result<caracal_me
     let Some(text) = kwargs else {
         return Ok(cfg);
     };
-    let v: Value = serde_json::from_str(text)
-        .map_err(|e| anyhow!("--mm-processor-kwargs: not JSON: {e}"))?;
+    let v: Value =
+        serde_json::from_str(text).map_err(|e| anyhow!("--mm-processor-kwargs: not JSON: {e}"))?;
     let obj = v
         .as_object()
         .ok_or_else(|| anyhow!("--mm-processor-kwargs must be a JSON object"))?;
@@ -122,20 +125,29 @@ fn processor_config(model_type: &str, kwargs: Option<&str>) -> Result<caracal_me
             .as_array()
             .filter(|a| a.len() == 3)
             .and_then(|a| a.iter().map(|e| e.as_f64().map(|f| f as f32)).collect())
-            .ok_or_else(|| anyhow!("--mm-processor-kwargs: `{k}` must be a list of 3 numbers, got {x}"))?;
+            .ok_or_else(|| {
+                anyhow!("--mm-processor-kwargs: `{k}` must be a list of 3 numbers, got {x}")
+            })?;
         Ok([list[0], list[1], list[2]])
     };
     for (k, x) in obj {
         let uint = || {
-            x.as_u64()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| anyhow!("--mm-processor-kwargs: `{k}` must be a positive integer, got {x}"))
+            x.as_u64().filter(|&n| n > 0).ok_or_else(|| {
+                anyhow!("--mm-processor-kwargs: `{k}` must be a positive integer, got {x}")
+            })
         };
         match (k.as_str(), &mut cfg.resize) {
-            ("max_patches" | "in_patch_limit", ResizeRule::NavitPatchLimit { in_patch_limit, .. }) => {
-                *in_patch_limit = uint()?
-            }
-            ("patch_limit_on_one_side", ResizeRule::NavitPatchLimit { patch_limit_on_one_side, .. }) => {
+            (
+                "max_patches" | "in_patch_limit",
+                ResizeRule::NavitPatchLimit { in_patch_limit, .. },
+            ) => *in_patch_limit = uint()?,
+            (
+                "patch_limit_on_one_side",
+                ResizeRule::NavitPatchLimit {
+                    patch_limit_on_one_side,
+                    ..
+                },
+            ) => {
                 *patch_limit_on_one_side = u32::try_from(uint()?)
                     .map_err(|_| anyhow!("--mm-processor-kwargs: `{k}` is too large"))?
             }
@@ -151,7 +163,11 @@ fn processor_config(model_type: &str, kwargs: Option<&str>) -> Result<caracal_me
 }
 
 /// Decodes and preprocesses the `--image` files for `model`'s tower.
-fn load_images(model: &dyn CausalLm, paths: &[PathBuf], kwargs: Option<&str>) -> Result<Vec<VisionInput>> {
+fn load_images(
+    model: &dyn CausalLm,
+    paths: &[PathBuf],
+    kwargs: Option<&str>,
+) -> Result<Vec<VisionInput>> {
     let tower = model.vision().ok_or_else(|| {
         anyhow!(
             "--image: the model (`{}`) has no vision tower, so it takes no images",
@@ -227,7 +243,11 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
     let images = if a.images.is_empty() {
         Vec::new()
     } else {
-        load_images(loaded.model.as_ref(), &a.images, a.mm_processor_kwargs.as_deref())?
+        load_images(
+            loaded.model.as_ref(),
+            &a.images,
+            a.mm_processor_kwargs.as_deref(),
+        )?
     };
     let wrapped;
     let prompt_text = match &a.prompt {

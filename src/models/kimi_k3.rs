@@ -48,8 +48,8 @@ use super::kimi_linear::Mixer;
 use super::layers::attn_res::{AttnResWeights, BlockHistory};
 use super::layers::moe::{impl_moe_model, Ffn};
 use super::layers::{
-    add_inplace, check_linear_states, load_lm_head, logits, model_info, BatchLayout,
-    MissingHead, RmsNorm,
+    add_inplace, check_linear_states, load_lm_head, logits, model_info, BatchLayout, MissingHead,
+    RmsNorm,
 };
 use super::vision::MoonVit3d;
 use super::{CausalLm, EngineError, ModelInfo, MoeModel, SeqBatch, SeqState, VisionTower};

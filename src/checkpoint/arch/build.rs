@@ -62,8 +62,8 @@ fn model_type(config: &Value) -> Result<(ModelType, &Value, bool)> {
             .get("model_type")
             .and_then(|v| v.as_str())
             .unwrap_or("");
-        if let Some(t) =
-            ModelType::from_name(inner).filter(|t| !matches!(t, ModelType::KimiK3 | ModelType::KimiK25))
+        if let Some(t) = ModelType::from_name(inner)
+            .filter(|t| !matches!(t, ModelType::KimiK3 | ModelType::KimiK25))
         {
             return Ok((t, text, true));
         }
@@ -126,7 +126,10 @@ fn check_sizes(c: &Common, ckpt: Option<&Checkpoint>, root: &str) -> Result<()> 
 /// `blocks` when only that spelling has tensors (transformers' `kimi_k25`
 /// save).
 fn layers_module(ckpt: Option<&Checkpoint>, root: &str) -> &'static str {
-    let (layers, blocks) = (format!("{root}model.layers."), format!("{root}model.blocks."));
+    let (layers, blocks) = (
+        format!("{root}model.layers."),
+        format!("{root}model.blocks."),
+    );
     match ckpt {
         Some(c) => {
             let names = c.names();

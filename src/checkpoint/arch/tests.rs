@@ -27,7 +27,14 @@ fn kimi(extra: Value) -> Value {
 fn supported_model_types_come_from_the_enum() {
     assert_eq!(
         SUPPORTED_MODEL_TYPES,
-        ["llama", "deepseek_v3", "kimi_k2", "kimi_linear", "kimi_k3"]
+        [
+            "llama",
+            "deepseek_v3",
+            "kimi_k2",
+            "kimi_linear",
+            "kimi_k3",
+            "kimi_k25"
+        ]
     );
     for t in ModelType::ALL {
         assert_eq!(ModelType::from_name(t.name()), Some(t));

@@ -247,10 +247,7 @@ impl VisionConfig {
                 ))
             }
         };
-        let interpolation = match k
-            .str(&["pos_emb_interpolation_mode"], "bicubic")?
-            .as_str()
-        {
+        let interpolation = match k.str(&["pos_emb_interpolation_mode"], "bicubic")?.as_str() {
             "bicubic" => PosInterpolation::Bicubic,
             "bilinear" => PosInterpolation::Bilinear,
             other => {
@@ -391,18 +388,29 @@ mod tests {
     #[test]
     fn bad_vision_keys_are_named() {
         for (v, key) in [
-            (json!({"vt_hidden_size": 32, "vt_num_attention_heads": 16}), "qkv_hidden_size"),
+            (
+                json!({"vt_hidden_size": 32, "vt_num_attention_heads": 16}),
+                "qkv_hidden_size",
+            ),
             (json!({"vt_hidden_size": 0}), "vt_hidden_size"),
             (json!({"norm_type": "batchnorm"}), "norm_type"),
             (json!({"mm_projector_type": "mlp"}), "mm_projector_type"),
             (json!({"merge_kernel_size": [2, 3]}), "merge_kernel_size"),
-            (json!({"pos_emb_interpolation_mode": "nearest"}), "pos_emb_interpolation_mode"),
+            (
+                json!({"pos_emb_interpolation_mode": "nearest"}),
+                "pos_emb_interpolation_mode",
+            ),
             (json!({"text_hidden_size": 65}), "text_hidden_size"),
-            (json!({"vt_num_hidden_layers": "two"}), "vt_num_hidden_layers"),
+            (
+                json!({"vt_num_hidden_layers": "two"}),
+                "vt_num_hidden_layers",
+            ),
             (json!({"activation_func": "relu"}), "activation_func"),
             (json!({"merge_type": "avgpool"}), "merge_type"),
         ] {
-            let err = parse(json!({ "vision_config": v })).unwrap_err().to_string();
+            let err = parse(json!({ "vision_config": v }))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(key), "{key}: {err}");
         }
     }

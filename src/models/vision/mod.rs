@@ -47,7 +47,13 @@ pub struct Linear {
 
 impl Linear {
     /// Loads `{prefix}.weight` `[out, inp]` and, when `bias`, `{prefix}.bias`.
-    pub fn load(ckpt: &Checkpoint, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+    pub fn load(
+        ckpt: &Checkpoint,
+        prefix: &str,
+        out: usize,
+        inp: usize,
+        bias: bool,
+    ) -> Result<Linear> {
         Ok(Linear {
             weight: ckpt.matrix(&format!("{prefix}.weight"), out, inp)?,
             bias: match bias {
@@ -118,8 +124,12 @@ impl Norm {
         eps: f32,
     ) -> Result<Norm> {
         match kind {
-            crate::checkpoint::arch::vision::VisionNorm::LayerNorm => Norm::layer(ckpt, prefix, dim, eps),
-            crate::checkpoint::arch::vision::VisionNorm::RmsNorm => Norm::rms(ckpt, prefix, dim, eps),
+            crate::checkpoint::arch::vision::VisionNorm::LayerNorm => {
+                Norm::layer(ckpt, prefix, dim, eps)
+            }
+            crate::checkpoint::arch::vision::VisionNorm::RmsNorm => {
+                Norm::rms(ckpt, prefix, dim, eps)
+            }
         }
     }
 

@@ -81,7 +81,10 @@ impl MoonVit3d {
         let norm = |name: &str| Norm::load(ckpt, name, d, cfg.norm, cfg.norm_eps);
         let pe = pick(
             ckpt,
-            &["vision_tower.patch_embed.proj", "vision_tower.encoder.patch_embed.proj"],
+            &[
+                "vision_tower.patch_embed.proj",
+                "vision_tower.encoder.patch_embed.proj",
+            ],
         );
         let conv = ckpt.tensor_f32(&format!("{pe}.weight"), &[d, 3, p, p])?;
         let patch_embed = Linear::from_parts(
@@ -93,7 +96,10 @@ impl MoonVit3d {
         );
         let pos_name = pick(
             ckpt,
-            &["vision_tower.patch_embed.pos_emb", "vision_tower.encoder.patch_embed.pos_emb"],
+            &[
+                "vision_tower.patch_embed.pos_emb",
+                "vision_tower.encoder.patch_embed.pos_emb",
+            ],
         );
         let pos_emb = PosEmb::load(
             ckpt,
@@ -219,7 +225,8 @@ impl MoonVit3d {
                         let qi = &rows[i * 3 * qw + h * hd..i * 3 * qw + (h + 1) * hd];
                         let mut max = f32::NEG_INFINITY;
                         for (j, sc) in scores.iter_mut().enumerate() {
-                            let kj = &rows[j * 3 * qw + qw + h * hd..j * 3 * qw + qw + (h + 1) * hd];
+                            let kj =
+                                &rows[j * 3 * qw + qw + h * hd..j * 3 * qw + qw + (h + 1) * hd];
                             let dot: f32 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
                             *sc = dot * scale;
                             max = max.max(*sc);
@@ -231,7 +238,8 @@ impl MoonVit3d {
                         }
                         let oh = &mut o[h * hd..(h + 1) * hd];
                         for (j, &p) in scores.iter().enumerate() {
-                            let vj = &rows[j * 3 * qw + 2 * qw + h * hd..j * 3 * qw + 2 * qw + (h + 1) * hd];
+                            let vj = &rows
+                                [j * 3 * qw + 2 * qw + h * hd..j * 3 * qw + 2 * qw + (h + 1) * hd];
                             for (a, &v) in oh.iter_mut().zip(vj) {
                                 *a += p * v;
                             }

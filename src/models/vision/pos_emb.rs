@@ -34,8 +34,9 @@ pub fn axis_taps(input: usize, output: usize, mode: PosInterpolation) -> Vec<Vec
                     let idx = real.floor();
                     let t = real - idx;
                     let cubic1 = |x: f32| ((CUBIC_A + 2.0) * x - (CUBIC_A + 3.0)) * x * x + 1.0;
-                    let cubic2 =
-                        |x: f32| ((CUBIC_A * x - 5.0 * CUBIC_A) * x + 8.0 * CUBIC_A) * x - 4.0 * CUBIC_A;
+                    let cubic2 = |x: f32| {
+                        ((CUBIC_A * x - 5.0 * CUBIC_A) * x + 8.0 * CUBIC_A) * x - 4.0 * CUBIC_A
+                    };
                     let w = [cubic2(t + 1.0), cubic1(t), cubic1(1.0 - t), cubic2(2.0 - t)];
                     (0..4)
                         .map(|k| {
@@ -139,7 +140,8 @@ impl PosEmb {
                 for &(sy, cy) in wy {
                     row.iter_mut().for_each(|v| *v = 0.0);
                     for &(sx, cx) in wx {
-                        let src = &self.table[(sy * self.width + sx) * d..(sy * self.width + sx + 1) * d];
+                        let src =
+                            &self.table[(sy * self.width + sx) * d..(sy * self.width + sx + 1) * d];
                         for (r, &s) in row.iter_mut().zip(src) {
                             *r += cx * s;
                         }
@@ -174,7 +176,14 @@ mod tests {
                 .map(|taps| taps.iter().map(|&(i, w)| w * ramp[i]).sum())
                 .collect()
         };
-        let bicubic = [-0.086_805_58f32, 0.40625, 1.212_962_7, 1.787_037_1, 2.59375, 3.086_805_8];
+        let bicubic = [
+            -0.086_805_58f32,
+            0.40625,
+            1.212_962_7,
+            1.787_037_1,
+            2.59375,
+            3.086_805_8,
+        ];
         for (a, b) in run(PosInterpolation::Bicubic, 6).iter().zip(bicubic) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
         }

@@ -39,11 +39,17 @@ impl Projector {
         let pre_norm = if v2 {
             None
         } else {
-            let p = pick(ckpt, &["mm_projector.pre_norm", "model.mm_projector.pre_norm"]);
+            let p = pick(
+                ckpt,
+                &["mm_projector.pre_norm", "model.mm_projector.pre_norm"],
+            );
             Some(Norm::layer(ckpt, &p, d, cfg.projector_eps)?)
         };
         let post_norm = if v2 {
-            let p = pick(ckpt, &["mm_projector.post_norm", "model.mm_projector.post_norm"]);
+            let p = pick(
+                ckpt,
+                &["mm_projector.post_norm", "model.mm_projector.post_norm"],
+            );
             Some(Norm::rms(ckpt, &p, t, cfg.projector_eps)?)
         } else {
             None

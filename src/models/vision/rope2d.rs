@@ -29,7 +29,10 @@ pub struct RopeTable {
 impl Rope2d {
     /// The rotation of heads `head_dim` wide (a multiple of 4) with base `theta`.
     pub fn new(head_dim: usize, theta: f32) -> Rope2d {
-        assert!(head_dim.is_multiple_of(4), "rope2d: head_dim must be a multiple of 4");
+        assert!(
+            head_dim.is_multiple_of(4),
+            "rope2d: head_dim must be a multiple of 4"
+        );
         let spatial = (head_dim / 2) as f32;
         let inv_freq = (0..head_dim / 4)
             .map(|i| 1.0 / theta.powf((2 * i) as f32 / spatial))
@@ -68,7 +71,10 @@ impl Rope2d {
     /// Rotates every head of token `t`'s row (`[heads · head_dim]`).
     pub fn apply_token(&self, row: &mut [f32], table: &RopeTable, t: usize) {
         let (hd, half) = (self.head_dim, self.head_dim / 2);
-        let (c, s) = (&table.cos[t * half..(t + 1) * half], &table.sin[t * half..(t + 1) * half]);
+        let (c, s) = (
+            &table.cos[t * half..(t + 1) * half],
+            &table.sin[t * half..(t + 1) * half],
+        );
         for head in row.chunks_exact_mut(hd) {
             for (m, pair) in head.chunks_exact_mut(2).enumerate() {
                 let (re, im) = (pair[0], pair[1]);
