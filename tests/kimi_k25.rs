@@ -251,9 +251,12 @@ fn edited_copy(tag: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {
     dir
 }
 
+/// A config edit: tag, the edit, and the text the load error must contain.
+type ConfigCase = (&'static str, fn(&mut Value), &'static str);
+
 #[test]
 fn bad_vision_configs_are_named_errors() {
-    let cases: [(&str, fn(&mut Value), &str); 4] = [
+    let cases: [ConfigCase; 4] = [
         (
             "heads",
             |c| c["vision_config"]["vt_num_attention_heads"] = 3.into(),
