@@ -2,6 +2,12 @@
 //! then decode token by token with the model's cache, timing both phases.
 //! The server and `caracal batch` go through the scheduler instead; this is
 //! the path of `caracal generate` and of the model tests.
+//!
+//! Media: [`splice_media`] runs the model's vision tower on preprocessed
+//! items and expands each placeholder id of the prompt (`<|media_pad|>`) to
+//! the item's token count; the returned [`EmbedSpan`]s go to
+//! [`generate_with`] / [`prompt_logits_with`], which cut them along the
+//! prefill chunks.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -13,7 +19,7 @@ use serde::Serialize;
 
 use crate::checkpoint::LoadOptions;
 use crate::error::{Error, Result};
-use crate::models::{self, CausalLm, LogitsMode, SeqBatch, SeqState};
+use crate::models::{self, CausalLm, EmbedSpan, LogitsMode, SeqBatch, SeqState, VisionInput};
 use crate::text::tokenizer::TextTokenizer;
 
 /// Tokens per KV page used by single-sequence generation.
@@ -96,10 +102,104 @@ pub struct Generation {
     pub decode_tokens_per_s: f64,
 }
 
+/// A prompt with its media encoded and its placeholders expanded.
+#[derive(Debug, Clone)]
+pub struct MediaPrompt {
+    /// The prompt ids, each placeholder replaced by one copy per media token.
+    pub ids: Vec<u32>,
+    /// The tower's rows over those copies, one span per item.
+    pub spans: Vec<EmbedSpan>,
+    /// LM tokens of each item, in order.
+    pub media_tokens: Vec<usize>,
+}
+
+/// Encodes `items` with `model`'s vision tower (one packed pass) and expands
+/// the `i`-th occurrence of the tower's placeholder id in `prompt` into
+/// `num_tokens(item i)` copies covered by item `i`'s rows. The prompt must
+/// hold exactly one placeholder per item.
+pub fn splice_media(
+    model: &dyn CausalLm,
+    prompt: &[u32],
+    items: &[VisionInput],
+) -> Result<MediaPrompt> {
+    let tower = model.vision().ok_or_else(|| {
+        Error::InvalidRequest(format!(
+            "the model (`{}`) has no vision tower, so it takes no images",
+            model.info().model_type
+        ))
+    })?;
+    let placeholder = tower.info().placeholder_id;
+    let found = prompt.iter().filter(|&&t| t == placeholder).count();
+    if found != items.len() {
+        return Err(Error::InvalidRequest(format!(
+            "the prompt has {found} media placeholders (id {placeholder}) for {} media items",
+            items.len()
+        )));
+    }
+    let rows = on_pool(|| tower.encode(items))?;
+    let media_tokens: Vec<usize> = items
+        .iter()
+        .map(|it| tower.num_tokens(it.grid_thw))
+        .collect();
+    let mut ids = Vec::with_capacity(prompt.len() + media_tokens.iter().sum::<usize>());
+    let mut spans = Vec::with_capacity(items.len());
+    let mut next = rows.into_iter().zip(&media_tokens);
+    for &t in prompt {
+        if t != placeholder {
+            ids.push(t);
+            continue;
+        }
+        let (r, &n) = next
+            .next()
+            .expect("one item per placeholder, counted above");
+        spans.push(EmbedSpan {
+            offset: ids.len(),
+            rows: r.into(),
+            first_row: 0,
+            len: n,
+        });
+        ids.extend(std::iter::repeat_n(placeholder, n));
+    }
+    Ok(MediaPrompt {
+        ids,
+        spans,
+        media_tokens,
+    })
+}
+
+/// The parts of `spans` (offsets into the whole prompt) that fall in
+/// `start..start + len`, with offsets relative to that chunk.
+fn spans_in(spans: &[EmbedSpan], start: usize, len: usize) -> Vec<EmbedSpan> {
+    let end = start + len;
+    spans
+        .iter()
+        .filter_map(|s| {
+            let (a, b) = (s.offset.max(start), (s.offset + s.len).min(end));
+            (a < b).then(|| EmbedSpan {
+                offset: a - start,
+                rows: s.rows.clone(),
+                first_row: s.first_row + (a - s.offset),
+                len: b - a,
+            })
+        })
+        .collect()
+}
+
 /// Runs prefill then decode for one sequence. `on_token` sees each new id.
 pub fn generate(
     model: &dyn CausalLm,
     req: &GenerateRequest,
+    on_token: impl FnMut(u32),
+) -> Result<Generation> {
+    generate_with(model, req, &[], on_token)
+}
+
+/// [`generate`] with media rows over some prompt positions (`embeds`,
+/// offsets into `req.prompt_ids`, e.g. from [`splice_media`]).
+pub fn generate_with(
+    model: &dyn CausalLm,
+    req: &GenerateRequest,
+    embeds: &[EmbedSpan],
     mut on_token: impl FnMut(u32),
 ) -> Result<Generation> {
     let info = model.info();
@@ -137,7 +237,8 @@ pub fn generate(
         } else {
             LogitsMode::None
         };
-        logits = forward_one(model, &mut cache, &mut state, chunk, mode)?;
+        let spans = spans_in(embeds, i * PREFILL_CHUNK, chunk.len());
+        logits = forward_one_with(model, &mut cache, &mut state, chunk, mode, &spans)?;
     }
     let mut out = Vec::new();
     let mut finish = FinishReason::Length;
@@ -187,6 +288,18 @@ pub(crate) fn forward_one(
     tokens: &[u32],
     logits: LogitsMode,
 ) -> Result<Vec<f32>> {
+    forward_one_with(model, cache, state, tokens, logits, &[])
+}
+
+/// [`forward_one`] with media rows over some of `tokens`.
+fn forward_one_with(
+    model: &dyn CausalLm,
+    cache: &mut KvPool,
+    state: &mut SeqState,
+    tokens: &[u32],
+    logits: LogitsMode,
+    embeds: &[EmbedSpan],
+) -> Result<Vec<f32>> {
     Ok(on_pool(|| {
         model.forward(
             cache,
@@ -194,7 +307,7 @@ pub(crate) fn forward_one(
                 tokens,
                 state,
                 logits,
-                embeds: &[],
+                embeds,
             }],
         )
     })?)
@@ -202,6 +315,15 @@ pub(crate) fn forward_one(
 
 /// Logits of every prompt position (teacher forcing), for perplexity and tests.
 pub fn prompt_logits(model: &dyn CausalLm, ids: &[u32]) -> Result<Vec<f32>> {
+    prompt_logits_with(model, ids, &[])
+}
+
+/// [`prompt_logits`] with media rows over some positions (see [`generate_with`]).
+pub fn prompt_logits_with(
+    model: &dyn CausalLm,
+    ids: &[u32],
+    embeds: &[EmbedSpan],
+) -> Result<Vec<f32>> {
     let info = model.info();
     let pages = ids.len().div_ceil(PAGE_SIZE) + 1;
     let mut cache = KvPool::new(
@@ -212,13 +334,15 @@ pub fn prompt_logits(model: &dyn CausalLm, ids: &[u32]) -> Result<Vec<f32>> {
     );
     let mut state = model.new_state();
     let mut all = Vec::with_capacity(ids.len() * info.vocab_size);
-    for chunk in ids.chunks(PREFILL_CHUNK) {
-        all.extend(forward_one(
+    for (i, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
+        let spans = spans_in(embeds, i * PREFILL_CHUNK, chunk.len());
+        all.extend(forward_one_with(
             model,
             &mut cache,
             &mut state,
             chunk,
             LogitsMode::All,
+            &spans,
         )?);
     }
     Ok(all)

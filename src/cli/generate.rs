@@ -7,6 +7,16 @@
 //! into the prompt with `--chat`). Constrained runs go through the
 //! runtime's scheduler, where the constraint is applied; plain runs use the
 //! direct decode loop.
+//!
+//! `--image FILE` (repeatable) gives a vision-language model images, decoded
+//! and preprocessed by `caracal_media` with the model's processor preset
+//! (Kimi K2.5 for `kimi_k25`, Kimi K3 for `kimi_k3`; `--mm-processor-kwargs`
+//! overrides it). With `--prompt-ids`, each occurrence of the model's
+//! placeholder id (`media_placeholder_token_id` / `image_token_id`) stands
+//! for the next image; with `--chat`, each image becomes
+//! `<|media_begin|>image<|media_content|><|media_pad|><|media_end|>` before
+//! the prompt text of the user message. The placeholder is then expanded to
+//! the image's token count and the tower's rows replace those embeddings.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -17,8 +27,8 @@ use caracal::chat::{render, ChatMessage};
 use std::sync::Arc;
 
 use caracal::constrain::{ConstraintSpec, ToolFormat, ToolsSpec};
-use caracal::generate::{generate, GenerateRequest};
-use caracal::models::CausalLm;
+use caracal::generate::{generate_with, splice_media, GenerateRequest};
+use caracal::models::{CausalLm, VisionInput};
 use caracal::request::tool_format_for;
 use caracal::text::tokenizer::{ChatFormat, StreamDecoder, TextTokenizer};
 use caracal_actors::constraint::SeqConstraint;
@@ -75,6 +85,119 @@ pub struct GenerateArgs {
     /// With --tools: `required`, `auto` (free text until a call opens) or a tool name.
     #[arg(long, default_value = "auto", requires = "tools")]
     tool_choice: String,
+    /// Image file (PNG or JPEG); repeat for several. With --prompt-ids each
+    /// placeholder id stands for the next image; with --chat the images go
+    /// before the prompt text.
+    #[arg(long = "image")]
+    images: Vec<PathBuf>,
+    /// JSON object overriding image-processor options, e.g.
+    /// `{"max_patches": 256}` (keys: max_patches / in_patch_limit,
+    /// patch_limit_on_one_side, image_mean, image_std).
+    #[arg(long)]
+    mm_processor_kwargs: Option<String>,
+}
+
+/// How one image is announced in a Kimi K2.5 / K3 user message: the wrapper
+/// of the K2.5 chat template, whose `<|media_pad|>` is expanded to the
+/// image's tokens (the video chunk form is the same with `video`).
+pub const IMAGE_WRAPPER: &str = "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>";
+
+/// The image-processor settings of a model type, with `kwargs` applied.
+fn processor_config(
+    model_type: &str,
+    kwargs: Option<&str>,
+) -> Result<caracal_media::ImageProcessorConfig> {
+    use caracal_media::{ImageProcessorConfig, ResizeRule};
+    let mut cfg = match model_type {
+        "kimi_k3" => ImageProcessorConfig::kimi_k3(),
+        _ => ImageProcessorConfig::kimi_k25(),
+    };
+    let Some(text) = kwargs else {
+        return Ok(cfg);
+    };
+    let v: Value =
+        serde_json::from_str(text).map_err(|e| anyhow!("--mm-processor-kwargs: not JSON: {e}"))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| anyhow!("--mm-processor-kwargs must be a JSON object"))?;
+    let triple = |k: &str, x: &Value| -> Result<[f32; 3]> {
+        let list: Vec<f32> = x
+            .as_array()
+            .filter(|a| a.len() == 3)
+            .and_then(|a| a.iter().map(|e| e.as_f64().map(|f| f as f32)).collect())
+            .ok_or_else(|| {
+                anyhow!("--mm-processor-kwargs: `{k}` must be a list of 3 numbers, got {x}")
+            })?;
+        Ok([list[0], list[1], list[2]])
+    };
+    for (k, x) in obj {
+        let uint = || {
+            x.as_u64().filter(|&n| n > 0).ok_or_else(|| {
+                anyhow!("--mm-processor-kwargs: `{k}` must be a positive integer, got {x}")
+            })
+        };
+        match (k.as_str(), &mut cfg.resize) {
+            (
+                "max_patches" | "in_patch_limit",
+                ResizeRule::NavitPatchLimit { in_patch_limit, .. },
+            ) => *in_patch_limit = uint()?,
+            (
+                "patch_limit_on_one_side",
+                ResizeRule::NavitPatchLimit {
+                    patch_limit_on_one_side,
+                    ..
+                },
+            ) => {
+                *patch_limit_on_one_side = u32::try_from(uint()?)
+                    .map_err(|_| anyhow!("--mm-processor-kwargs: `{k}` is too large"))?
+            }
+            ("image_mean", _) => cfg.image_mean = triple(k, x)?,
+            ("image_std", _) => cfg.image_std = triple(k, x)?,
+            _ => bail!(
+                "--mm-processor-kwargs: unknown key `{k}` (known: max_patches, in_patch_limit, \
+                 patch_limit_on_one_side, image_mean, image_std)"
+            ),
+        }
+    }
+    Ok(cfg)
+}
+
+/// Decodes and preprocesses the `--image` files for `model`'s tower.
+fn load_images(
+    model: &dyn CausalLm,
+    paths: &[PathBuf],
+    kwargs: Option<&str>,
+) -> Result<Vec<VisionInput>> {
+    let tower = model.vision().ok_or_else(|| {
+        anyhow!(
+            "--image: the model (`{}`) has no vision tower, so it takes no images",
+            model.info().model_type
+        )
+    })?;
+    let cfg = processor_config(&model.info().model_type, kwargs)?;
+    if cfg.patch_size as usize != tower.info().patch_size
+        || cfg.merge_kernel_size as usize != tower.info().merge_size
+    {
+        bail!(
+            "--image: the processor's patch {} / merge {} differ from the tower's {} / {}",
+            cfg.patch_size,
+            cfg.merge_kernel_size,
+            tower.info().patch_size,
+            tower.info().merge_size
+        );
+    }
+    paths
+        .iter()
+        .map(|p| {
+            let bytes = std::fs::read(p).map_err(|e| anyhow!("--image {}: {e}", p.display()))?;
+            let img = caracal_media::process_image_bytes(&bytes, &cfg)
+                .map_err(|e| anyhow!("--image {}: {e}", p.display()))?;
+            Ok(VisionInput {
+                pixel_values: img.pixel_values,
+                grid_thw: img.grid_thw,
+            })
+        })
+        .collect()
 }
 
 /// Reads a JSON file named by a flag.
@@ -111,7 +234,30 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
         thinking: schema.is_none() && tools.is_none() && K3Options::default().thinking,
         ..K3Options::default()
     };
-    let prompt_ids = match (&a.prompt, &a.prompt_ids) {
+    if !a.images.is_empty() && (schema.is_some() || tools.is_some()) {
+        bail!("--image cannot be combined with --json-schema or --tools");
+    }
+    if !a.images.is_empty() && a.prompt_ids.is_none() && !a.chat {
+        bail!("--image needs --chat (images go before the prompt text) or --prompt-ids with placeholder ids");
+    }
+    let images = if a.images.is_empty() {
+        Vec::new()
+    } else {
+        load_images(
+            loaded.model.as_ref(),
+            &a.images,
+            a.mm_processor_kwargs.as_deref(),
+        )?
+    };
+    let wrapped;
+    let prompt_text = match &a.prompt {
+        Some(text) if !images.is_empty() => {
+            wrapped = format!("{}{text}", IMAGE_WRAPPER.repeat(images.len()));
+            Some(&wrapped)
+        }
+        other => other.as_ref(),
+    };
+    let prompt_ids = match (prompt_text, &a.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {
             let tok = tok.ok_or_else(|| {
@@ -149,6 +295,13 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
     if let Some(bad) = prompt_ids.iter().find(|&&t| t as usize >= vocab) {
         bail!("prompt id {bad} is outside the vocabulary (size {vocab})");
     }
+    let (prompt_ids, spans, media_tokens) = if images.is_empty() {
+        (prompt_ids, Vec::new(), Vec::new())
+    } else {
+        let mp = splice_media(loaded.model.as_ref(), &prompt_ids, &images)
+            .map_err(|e| anyhow!("--image: {e}"))?;
+        (mp.ids, mp.spans, mp.media_tokens)
+    };
     let req = GenerateRequest {
         prompt_ids,
         max_tokens: a.max_tokens,
@@ -194,7 +347,7 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
     }
     let mut stdout = std::io::stdout();
     let mut stream = StreamDecoder::new();
-    let gen = generate(loaded.model.as_ref(), &req, |id| {
+    let gen = generate_with(loaded.model.as_ref(), &req, &spans, |id| {
         if !a.json {
             if let Some(tok) = tok {
                 if let Ok(delta) = stream.push(tok, id, true) {
@@ -214,6 +367,9 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
         let mut v = serde_json::to_value(&gen)?;
         v["text"] = serde_json::Value::String(text);
         v["model"] = serde_json::Value::String(model_dir.display().to_string());
+        if !media_tokens.is_empty() {
+            v["media_tokens"] = json!(media_tokens);
+        }
         println!("{}", serde_json::to_string(&v)?);
     } else {
         if let Some(t) = tok {

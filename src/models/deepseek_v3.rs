@@ -91,7 +91,7 @@ impl DeepseekV3 {
         )?;
         let mut layers = Vec::with_capacity(arch.num_layers());
         for i in 0..arch.num_layers() {
-            let p = format!("{root}model.layers.{i}");
+            let p = arch.layer_prefix(i);
             let ffn = Ffn::load(ckpt, &p, arch, i)?;
             layers.push(Layer {
                 input_layernorm: RmsNorm::load(

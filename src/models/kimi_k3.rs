@@ -26,8 +26,12 @@
 //! Checkpoint layout: the multimodal wrapper (`model_type: "kimi_k3"`,
 //! `text_config`, `vision_config`; tensors `language_model.model.*` and
 //! `language_model.lm_head.weight`) or a text-only one (flat config,
-//! `model.*`, `lm_head.weight`). Only the text path is loaded here; the
-//! vision tower's tensors are ignored. Routed experts load as MXFP4
+//! `model.*`, `lm_head.weight`). When the wrapper's `vision_config` is set
+//! and the checkpoint has the tower (`vision_tower.*`, `mm_projector.*`),
+//! the MoonViT3d tower with K3's switches (RMSNorm, no biases,
+//! `qkv_hidden_size`, bilinear position grid, `patchmergerv2`) is loaded
+//! through [`super::vision`] and offered as [`CausalLm::vision`]; a wrapper
+//! without tower tensors loads text-only. Routed experts load as MXFP4
 //! (`weight_packed` + `weight_scale`) or float `.weight`.
 //!
 //! Choices where sources disagree (all switchable from `config.json`):
@@ -47,7 +51,8 @@ use super::layers::{
     add_inplace, check_linear_states, load_lm_head, logits, model_info, BatchLayout, MissingHead,
     RmsNorm,
 };
-use super::{CausalLm, EngineError, ModelInfo, MoeModel, SeqBatch, SeqState};
+use super::vision::MoonVit3d;
+use super::{CausalLm, EngineError, ModelInfo, MoeModel, SeqBatch, SeqState, VisionTower};
 use crate::checkpoint::arch::Arch;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
@@ -87,6 +92,8 @@ pub struct KimiK3 {
     lm_head: Matrix,
     /// `rms_norm_eps`, also the eps of AttnRes scores.
     eps: f32,
+    /// The vision tower, when the checkpoint has one.
+    vision: Option<MoonVit3d>,
 }
 
 impl KimiK3 {
@@ -149,7 +156,14 @@ impl KimiK3 {
         };
         let lm_head = load_lm_head(ckpt, arch, &embed_tokens, &root, MissingHead::Error)?;
         let info = model_info(arch, ckpt, eos_ids);
+        let vision = match &arch.vision_config {
+            Some(cfg) if ckpt.has_matrix("vision_tower.encoder.blocks.0.wqkv.weight") => {
+                Some(MoonVit3d::load(ckpt, cfg)?)
+            }
+            _ => None,
+        };
         Ok(KimiK3 {
+            vision,
             info,
             embed_tokens,
             layers,
@@ -238,6 +252,10 @@ impl CausalLm for KimiK3 {
 
     fn as_moe(&self) -> Option<&dyn MoeModel> {
         Some(self)
+    }
+
+    fn vision(&self) -> Option<&dyn VisionTower> {
+        self.vision.as_ref().map(|v| v as &dyn VisionTower)
     }
 }
 

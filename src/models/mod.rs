@@ -11,13 +11,16 @@
 //! | [`llama`] | `llama` | LLaMA; transformers `modeling_llama.py` |
 //! | [`deepseek_v3`] | `deepseek_v3`, `kimi_k2` | DeepSeek-V3 (arXiv 2412.19437); transformers `modeling_deepseek_v3.py` |
 //! | [`kimi_linear`] | `kimi_linear` | Kimi Linear (arXiv 2510.26692); transformers `modeling_kimi_linear.py` |
+//! | [`kimi_k25`] | `kimi_k25` | Kimi K2.5 / K2.6: DeepSeek-V3 text + MoonViT3d ([`vision`]); transformers `modeling_kimi_k25.py` |
 //! | [`kimi_k3`] | `kimi_k3` | Kimi K3 text backbone (AttnRes arXiv 2603.15031); Moonshot `modeling_kimi_linear.py`, TokenSpeed `kimi_k3.py` |
 
 pub mod deepseek_v3;
+pub mod kimi_k25;
 pub mod kimi_k3;
 pub mod kimi_linear;
 pub mod layers;
 pub mod llama;
+pub mod vision;
 
 use std::path::Path;
 
@@ -61,6 +64,7 @@ pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<Box<dyn CausalLm>> {
         }
         ModelType::KimiLinear => Box::new(kimi_linear::KimiLinear::load(&arch, &ckpt, eos)?),
         ModelType::KimiK3 => Box::new(kimi_k3::KimiK3::load(&arch, &ckpt, eos)?),
+        ModelType::KimiK25 => Box::new(kimi_k25::KimiK25::load(&arch, &ckpt, eos)?),
     };
     Ok(model)
 }

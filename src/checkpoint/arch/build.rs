@@ -6,6 +6,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::keys::{DeepseekV3Config, K3Extensions, KimiLinearConfig, LlamaConfig, LlamaMoeConfig};
+use super::vision::VisionConfig;
 use super::SUPPORTED_MODEL_TYPES;
 use super::{
     ALogLayout, Arch, AttentionKind, GluAct, GqaDims, KdaDims, LayerKind, MlaDims, MlpKind,
@@ -48,7 +49,9 @@ fn model_type(config: &Value) -> Result<(ModelType, &Value, bool)> {
     let wrapped = config.get("text_config").filter(|v| v.is_object());
     if let Some(t) = ModelType::from_name(found) {
         return Ok(match t {
-            ModelType::KimiK3 => (t, super::text_config(config), wrapped.is_some()),
+            ModelType::KimiK3 | ModelType::KimiK25 => {
+                (t, super::text_config(config), wrapped.is_some())
+            }
             _ => (t, config, false),
         });
     }
@@ -59,7 +62,9 @@ fn model_type(config: &Value) -> Result<(ModelType, &Value, bool)> {
             .get("model_type")
             .and_then(|v| v.as_str())
             .unwrap_or("");
-        if let Some(t) = ModelType::from_name(inner).filter(|t| *t != ModelType::KimiK3) {
+        if let Some(t) = ModelType::from_name(inner)
+            .filter(|t| !matches!(t, ModelType::KimiK3 | ModelType::KimiK25))
+        {
             return Ok((t, text, true));
         }
     }
@@ -117,10 +122,33 @@ fn check_sizes(c: &Common, ckpt: Option<&Checkpoint>, root: &str) -> Result<()> 
     Ok(())
 }
 
+/// The module of `{root}model.` holding the decoder layers: `layers`, or
+/// `blocks` when only that spelling has tensors (transformers' `kimi_k25`
+/// save).
+fn layers_module(ckpt: Option<&Checkpoint>, root: &str) -> &'static str {
+    let (layers, blocks) = (
+        format!("{root}model.layers."),
+        format!("{root}model.blocks."),
+    );
+    match ckpt {
+        Some(c) => {
+            let names = c.names();
+            if !names.iter().any(|n| n.starts_with(&layers))
+                && names.iter().any(|n| n.starts_with(&blocks))
+            {
+                "blocks"
+            } else {
+                "layers"
+            }
+        }
+        None => "layers",
+    }
+}
+
 /// Decoder layers the checkpoint has tensors for: one past the largest `N`
-/// of `{root}model.layers.N.*`.
+/// of `{root}model.layers.N.*` (or `…model.blocks.N.*`).
 fn checkpoint_layers(ckpt: &Checkpoint, root: &str) -> usize {
-    let head = format!("{root}model.layers.");
+    let head = format!("{root}model.{}.", layers_module(Some(ckpt), root));
     ckpt.names()
         .iter()
         .filter_map(|n| n.strip_prefix(head.as_str()))
@@ -159,6 +187,10 @@ pub(super) fn parse(config: &Value, ckpt: Option<&Checkpoint>) -> Result<Arch> {
             .filter(|v| !v.is_null()),
     );
     arch.vision = config.get("vision_config").is_some_and(|v| v.is_object());
+    arch.layers_module = layers_module(ckpt, &arch.root).to_string();
+    if matches!(model_type, ModelType::KimiK25 | ModelType::KimiK3) {
+        arch.vision_config = VisionConfig::from_config(config, arch.hidden_size)?;
+    }
     Ok(arch)
 }
 
@@ -186,6 +218,8 @@ fn base(model_type: ModelType, c: &Common, act: GluAct, layers: Vec<LayerKind>) 
         mtp_layers: 0,
         quantization: quantization(None),
         vision: false,
+        vision_config: None,
+        layers_module: "layers".into(),
     }
 }
 

@@ -29,6 +29,7 @@
 //!   MoE keys, see [`keys::LlamaMoeConfig`]).
 
 pub mod keys;
+pub mod vision;
 
 mod build;
 #[cfg(test)]
@@ -75,16 +76,20 @@ pub enum ModelType {
     KimiLinear,
     /// `kimi_k3` (multimodal wrapper or text-only).
     KimiK3,
+    /// `kimi_k25` (Kimi K2.5 / K2.6: a DeepSeek-V3 text model with a
+    /// MoonViT3d tower).
+    KimiK25,
 }
 
 impl ModelType {
     /// Every supported type, in the order they are listed to users.
-    pub const ALL: [ModelType; 5] = [
+    pub const ALL: [ModelType; 6] = [
         ModelType::Llama,
         ModelType::DeepseekV3,
         ModelType::KimiK2,
         ModelType::KimiLinear,
         ModelType::KimiK3,
+        ModelType::KimiK25,
     ];
 
     /// The `model_type` string.
@@ -95,6 +100,7 @@ impl ModelType {
             ModelType::KimiK2 => "kimi_k2",
             ModelType::KimiLinear => "kimi_linear",
             ModelType::KimiK3 => "kimi_k3",
+            ModelType::KimiK25 => "kimi_k25",
         }
     }
 
@@ -107,7 +113,7 @@ impl ModelType {
     pub fn family(self) -> Family {
         match self {
             ModelType::Llama => Family::Llama,
-            ModelType::DeepseekV3 | ModelType::KimiK2 => Family::DeepseekV3,
+            ModelType::DeepseekV3 | ModelType::KimiK2 | ModelType::KimiK25 => Family::DeepseekV3,
             ModelType::KimiLinear | ModelType::KimiK3 => Family::KimiLinear,
         }
     }
@@ -584,8 +590,14 @@ pub struct Arch {
     pub mtp_layers: usize,
     /// The `quantization_config`.
     pub quantization: Quantization,
-    /// Whether a `vision_config` is present (the tower is not loaded here).
+    /// Whether a `vision_config` is present.
     pub vision: bool,
+    /// The validated `vision_config` of a `kimi_k25` / `kimi_k3` wrapper.
+    pub vision_config: Option<vision::VisionConfig>,
+    /// Module holding the decoder layers under `{root}model.`: `layers`, or
+    /// `blocks` in what transformers 5.x `save_pretrained` writes for
+    /// `kimi_k25` (its save-time reverse of the `blocks` → `layers` rename).
+    pub layers_module: String,
 }
 
 impl Arch {
@@ -606,6 +618,12 @@ impl Arch {
     /// `[vocab_size, hidden_size]`.
     pub fn for_checkpoint(config: &Value, ckpt: &Checkpoint) -> Result<Arch> {
         build::parse(config, Some(ckpt))
+    }
+
+    /// Tensor prefix of decoder layer `i`: `{root}model.layers.{i}` (or
+    /// `…model.blocks.{i}`, see [`Arch::layers_module`]).
+    pub fn layer_prefix(&self, i: usize) -> String {
+        format!("{}model.{}.{i}", self.root, self.layers_module)
     }
 
     /// Number of decoder layers.

@@ -27,7 +27,14 @@ fn kimi(extra: Value) -> Value {
 fn supported_model_types_come_from_the_enum() {
     assert_eq!(
         SUPPORTED_MODEL_TYPES,
-        ["llama", "deepseek_v3", "kimi_k2", "kimi_linear", "kimi_k3"]
+        [
+            "llama",
+            "deepseek_v3",
+            "kimi_k2",
+            "kimi_linear",
+            "kimi_k3",
+            "kimi_k25"
+        ]
     );
     for t in ModelType::ALL {
         assert_eq!(ModelType::from_name(t.name()), Some(t));
@@ -186,7 +193,7 @@ fn k3_wrapper_reads_text_config_and_quantization_groups() {
         "quantization_config": {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
             "config_groups": {"group_0": {"targets": ["re:.*\\.experts\\..*"], "weights": {"num_bits": 4}}},
             "ignore": ["lm_head"]},
-        "vision_config": {"vt_hidden_size": 32},
+        "vision_config": {"vt_hidden_size": 32, "vt_num_attention_heads": 2},
         "text_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_experts": 4, "num_experts_per_token": 2,
             "routed_expert_hidden_size": 32, "latent_moe_use_norm": true, "attn_res_block_size": 3,
             "mla_use_output_gate": true, "hidden_act": "situ", "activation_situ_beta": 4.0,
@@ -197,6 +204,7 @@ fn k3_wrapper_reads_text_config_and_quantization_groups() {
     assert_eq!(a.model_type, ModelType::KimiK3);
     assert_eq!(a.root, "language_model.");
     assert!(a.vision);
+    assert_eq!(a.vision_config.as_ref().map(|v| v.head_dim()), Some(16));
     assert_eq!(a.attn_res_block_size, Some(3));
     let moe = a.moe.as_ref().unwrap();
     assert_eq!(
