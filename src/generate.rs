@@ -111,12 +111,71 @@ pub struct MediaPrompt {
     pub spans: Vec<EmbedSpan>,
     /// LM tokens of each item, in order.
     pub media_tokens: Vec<usize>,
+    /// The radix-cache key of `ids`: text ids widened, each media span keyed
+    /// by its item's content hash ([`caracal_media::placeholder_keys`]).
+    pub cache_key: Vec<u64>,
+}
+
+/// One encoded media item to splice into a prompt.
+#[derive(Debug, Clone)]
+pub struct EncodedMedia {
+    /// Content hash of the item (the key of its span in the prefix cache).
+    pub hash: u64,
+    /// The tower's output, `[num_tokens, hidden]` row-major.
+    pub rows: std::sync::Arc<[f32]>,
+    /// LM tokens the item occupies.
+    pub num_tokens: usize,
+}
+
+/// Expands the `i`-th occurrence of `placeholder` in `prompt` into
+/// `items[i].num_tokens` copies covered by item `i`'s rows. The prompt must
+/// hold exactly one placeholder per item.
+pub fn expand_media(
+    prompt: &[u32],
+    placeholder: u32,
+    items: &[EncodedMedia],
+) -> Result<MediaPrompt> {
+    let found = prompt.iter().filter(|&&t| t == placeholder).count();
+    if found != items.len() {
+        return Err(Error::InvalidRequest(format!(
+            "the prompt has {found} media placeholders (id {placeholder}) for {} media items",
+            items.len()
+        )));
+    }
+    let total: usize = items.iter().map(|m| m.num_tokens).sum();
+    let mut ids = Vec::with_capacity(prompt.len() + total);
+    let mut cache_key = Vec::with_capacity(prompt.len() + total);
+    let mut spans = Vec::with_capacity(items.len());
+    let mut next = items.iter();
+    for &t in prompt {
+        if t != placeholder {
+            ids.push(t);
+            cache_key.push(u64::from(t));
+            continue;
+        }
+        let m = next
+            .next()
+            .expect("one item per placeholder, counted above");
+        spans.push(EmbedSpan {
+            offset: ids.len(),
+            rows: m.rows.clone(),
+            first_row: 0,
+            len: m.num_tokens,
+        });
+        ids.extend(std::iter::repeat_n(placeholder, m.num_tokens));
+        cache_key.extend(caracal_media::placeholder_keys(m.hash, m.num_tokens));
+    }
+    Ok(MediaPrompt {
+        ids,
+        spans,
+        media_tokens: items.iter().map(|m| m.num_tokens).collect(),
+        cache_key,
+    })
 }
 
 /// Encodes `items` with `model`'s vision tower (one packed pass) and expands
-/// the `i`-th occurrence of the tower's placeholder id in `prompt` into
-/// `num_tokens(item i)` copies covered by item `i`'s rows. The prompt must
-/// hold exactly one placeholder per item.
+/// the prompt's placeholders over their rows ([`expand_media`]; the cache
+/// key hashes each item's patches).
 pub fn splice_media(
     model: &dyn CausalLm,
     prompt: &[u32],
@@ -137,52 +196,23 @@ pub fn splice_media(
         )));
     }
     let rows = on_pool(|| tower.encode(items))?;
-    let media_tokens: Vec<usize> = items
-        .iter()
-        .map(|it| tower.num_tokens(it.grid_thw))
-        .collect();
-    let mut ids = Vec::with_capacity(prompt.len() + media_tokens.iter().sum::<usize>());
-    let mut spans = Vec::with_capacity(items.len());
-    let mut next = rows.into_iter().zip(&media_tokens);
-    for &t in prompt {
-        if t != placeholder {
-            ids.push(t);
-            continue;
-        }
-        let (r, &n) = next
-            .next()
-            .expect("one item per placeholder, counted above");
-        spans.push(EmbedSpan {
-            offset: ids.len(),
+    let encoded: Vec<EncodedMedia> = rows
+        .into_iter()
+        .zip(items)
+        .map(|(r, it)| EncodedMedia {
+            hash: patches_hash(&it.pixel_values),
             rows: r.into(),
-            first_row: 0,
-            len: n,
-        });
-        ids.extend(std::iter::repeat_n(placeholder, n));
-    }
-    Ok(MediaPrompt {
-        ids,
-        spans,
-        media_tokens,
-    })
+            num_tokens: tower.num_tokens(it.grid_thw),
+        })
+        .collect();
+    expand_media(prompt, placeholder, &encoded)
 }
 
-/// The parts of `spans` (offsets into the whole prompt) that fall in
-/// `start..start + len`, with offsets relative to that chunk.
-fn spans_in(spans: &[EmbedSpan], start: usize, len: usize) -> Vec<EmbedSpan> {
-    let end = start + len;
-    spans
-        .iter()
-        .filter_map(|s| {
-            let (a, b) = (s.offset.max(start), (s.offset + s.len).min(end));
-            (a < b).then(|| EmbedSpan {
-                offset: a - start,
-                rows: s.rows.clone(),
-                first_row: s.first_row + (a - s.offset),
-                len: b - a,
-            })
-        })
-        .collect()
+/// A content hash of preprocessed patches (for items that come without
+/// their encoded bytes).
+fn patches_hash(values: &[f32]) -> u64 {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    caracal_media::content_hash(&bytes)
 }
 
 /// Runs prefill then decode for one sequence. `on_token` sees each new id.
@@ -237,7 +267,7 @@ pub fn generate_with(
         } else {
             LogitsMode::None
         };
-        let spans = spans_in(embeds, i * PREFILL_CHUNK, chunk.len());
+        let spans = EmbedSpan::within(embeds, i * PREFILL_CHUNK, chunk.len());
         logits = forward_one_with(model, &mut cache, &mut state, chunk, mode, &spans)?;
     }
     let mut out = Vec::new();
@@ -335,7 +365,7 @@ pub fn prompt_logits_with(
     let mut state = model.new_state();
     let mut all = Vec::with_capacity(ids.len() * info.vocab_size);
     for (i, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
-        let spans = spans_in(embeds, i * PREFILL_CHUNK, chunk.len());
+        let spans = EmbedSpan::within(embeds, i * PREFILL_CHUNK, chunk.len());
         all.extend(forward_one_with(
             model,
             &mut cache,

@@ -96,6 +96,27 @@ pub struct EmbedSpan {
     pub len: usize,
 }
 
+impl EmbedSpan {
+    /// The parts of `spans` (offsets into a whole prompt) that fall inside
+    /// the chunk `start..start + len`, with offsets relative to the chunk.
+    pub fn within(spans: &[EmbedSpan], start: usize, len: usize) -> Vec<EmbedSpan> {
+        let end = start + len;
+        spans
+            .iter()
+            .filter_map(|m| {
+                let lo = m.offset.max(start);
+                let hi = (m.offset + m.len).min(end);
+                (lo < hi).then(|| EmbedSpan {
+                    offset: lo - start,
+                    rows: m.rows.clone(),
+                    first_row: m.first_row + (lo - m.offset),
+                    len: hi - lo,
+                })
+            })
+            .collect()
+    }
+}
+
 /// One sequence's share of a batched forward.
 pub struct SeqBatch<'a> {
     /// New tokens, appended at position `state.len`.
@@ -274,4 +295,35 @@ pub fn combine(
 pub trait Detokenize: Send + Sync {
     /// Decodes `ids` (special tokens skipped).
     fn decode(&self, ids: &[u32]) -> String;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_takes_the_part_of_each_span_it_covers() {
+        let rows: Arc<[f32]> = Arc::from(vec![0.0f32; 8]);
+        let media = vec![
+            EmbedSpan {
+                offset: 2,
+                rows: rows.clone(),
+                first_row: 0,
+                len: 4,
+            },
+            EmbedSpan {
+                offset: 9,
+                rows,
+                first_row: 0,
+                len: 2,
+            },
+        ];
+        let c = EmbedSpan::within(&media, 4, 4);
+        assert_eq!(c.len(), 1);
+        assert_eq!((c[0].offset, c[0].first_row, c[0].len), (0, 2, 2));
+        let c = EmbedSpan::within(&media, 0, 12);
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[1].offset, c[1].first_row, c[1].len), (9, 0, 2));
+        assert!(EmbedSpan::within(&media, 6, 3).is_empty());
+    }
 }

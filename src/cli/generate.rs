@@ -91,75 +91,26 @@ pub struct GenerateArgs {
     #[arg(long = "image")]
     images: Vec<PathBuf>,
     /// JSON object overriding image-processor options, e.g.
-    /// `{"max_patches": 256}` (keys: max_patches / in_patch_limit,
-    /// patch_limit_on_one_side, image_mean, image_std).
+    /// `{"max_patches": 256}` (the keys of transformers' Kimi K2.5
+    /// processors: max_patches, patch_size, merge_size, temporal_patch_size,
+    /// size, image_mean, image_std, images_kwargs, videos_kwargs).
     #[arg(long)]
     mm_processor_kwargs: Option<String>,
 }
-
-/// How one image is announced in a Kimi K2.5 / K3 user message: the wrapper
-/// of the K2.5 chat template, whose `<|media_pad|>` is expanded to the
-/// image's tokens (the video chunk form is the same with `video`).
-pub const IMAGE_WRAPPER: &str = "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>";
 
 /// The image-processor settings of a model type, with `kwargs` applied.
 fn processor_config(
     model_type: &str,
     kwargs: Option<&str>,
 ) -> Result<caracal_media::ImageProcessorConfig> {
-    use caracal_media::{ImageProcessorConfig, ResizeRule};
-    let mut cfg = match model_type {
-        "kimi_k3" => ImageProcessorConfig::kimi_k3(),
-        _ => ImageProcessorConfig::kimi_k25(),
-    };
+    let cfg = caracal::gateway::media::processor_for(model_type);
     let Some(text) = kwargs else {
         return Ok(cfg);
     };
     let v: Value =
         serde_json::from_str(text).map_err(|e| anyhow!("--mm-processor-kwargs: not JSON: {e}"))?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| anyhow!("--mm-processor-kwargs must be a JSON object"))?;
-    let triple = |k: &str, x: &Value| -> Result<[f32; 3]> {
-        let list: Vec<f32> = x
-            .as_array()
-            .filter(|a| a.len() == 3)
-            .and_then(|a| a.iter().map(|e| e.as_f64().map(|f| f as f32)).collect())
-            .ok_or_else(|| {
-                anyhow!("--mm-processor-kwargs: `{k}` must be a list of 3 numbers, got {x}")
-            })?;
-        Ok([list[0], list[1], list[2]])
-    };
-    for (k, x) in obj {
-        let uint = || {
-            x.as_u64().filter(|&n| n > 0).ok_or_else(|| {
-                anyhow!("--mm-processor-kwargs: `{k}` must be a positive integer, got {x}")
-            })
-        };
-        match (k.as_str(), &mut cfg.resize) {
-            (
-                "max_patches" | "in_patch_limit",
-                ResizeRule::NavitPatchLimit { in_patch_limit, .. },
-            ) => *in_patch_limit = uint()?,
-            (
-                "patch_limit_on_one_side",
-                ResizeRule::NavitPatchLimit {
-                    patch_limit_on_one_side,
-                    ..
-                },
-            ) => {
-                *patch_limit_on_one_side = u32::try_from(uint()?)
-                    .map_err(|_| anyhow!("--mm-processor-kwargs: `{k}` is too large"))?
-            }
-            ("image_mean", _) => cfg.image_mean = triple(k, x)?,
-            ("image_std", _) => cfg.image_std = triple(k, x)?,
-            _ => bail!(
-                "--mm-processor-kwargs: unknown key `{k}` (known: max_patches, in_patch_limit, \
-                 patch_limit_on_one_side, image_mean, image_std)"
-            ),
-        }
-    }
-    Ok(cfg)
+    cfg.with_kwargs(&v)
+        .map_err(|e| anyhow!("--mm-processor-kwargs: {e}"))
 }
 
 /// Decodes and preprocesses the `--image` files for `model`'s tower.
@@ -252,7 +203,10 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
     let wrapped;
     let prompt_text = match &a.prompt {
         Some(text) if !images.is_empty() => {
-            wrapped = format!("{}{text}", IMAGE_WRAPPER.repeat(images.len()));
+            wrapped = format!(
+                "{}{text}",
+                caracal::gateway::media::IMAGE_WRAPPER.repeat(images.len())
+            );
             Some(&wrapped)
         }
         other => other.as_ref(),

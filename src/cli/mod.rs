@@ -8,6 +8,7 @@ mod eval;
 mod generate;
 mod import;
 mod inspect;
+mod media_args;
 mod moeify;
 mod plan;
 mod quantize;

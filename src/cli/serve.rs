@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use caracal::constrain::{ConstraintFactory, TokenEnv};
 use caracal::gateway::engine::ConstraintSetup;
+use caracal::gateway::media::MediaServices;
 use caracal::gateway::params::SamplingDefaults;
 use caracal::gateway::{self, EngineHost, Gateway, GatewayConfig, ServedModel};
 use caracal::models::CausalLm;
@@ -74,6 +75,8 @@ pub struct ServeArgs {
     jump_forward: bool,
     #[command(flatten)]
     engine: EngineArgs,
+    #[command(flatten)]
+    media: super::media_args::MediaArgs,
 }
 
 /// Reads `on` / `off`.
@@ -126,10 +129,6 @@ pub fn run(a: ServeArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
         dir.display(),
         t0.elapsed().as_secs_f64()
     );
-    // The vision tower does not run yet, so even a checkpoint with one takes
-    // no images: they are refused with `unsupported_parameter` naming the
-    // content part, never dropped from the prompt.
-    let vision = false;
     let name = a.served_model_name.clone().unwrap_or_else(|| {
         dir.file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -137,7 +136,13 @@ pub fn run(a: ServeArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
     });
     let model: Arc<dyn CausalLm> = Arc::from(loaded.model);
     let tokenizer = loaded.tokenizer.map(Arc::new);
-    let served = ServedModel::new(&name, model.as_ref(), tokenizer.clone(), vision);
+    let media_config = a.media.config(&model.info().model_type)?;
+    let media = MediaServices::start(model.clone(), media_config)
+        .map_err(|e| anyhow::anyhow!("starting the vision encoder: {e}"))?;
+    if media.is_some() {
+        eprintln!("vision tower loaded: the model takes images");
+    }
+    let served = ServedModel::new(&name, model.as_ref(), tokenizer.clone(), media.is_some());
     let constraints = ConstraintSetup {
         factory: constraint_factory(&dir, tokenizer.as_ref(), model.info().vocab_size),
         tool_calls: a.tool_call_constraint,
@@ -173,7 +178,7 @@ pub fn run(a: ServeArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
         eprintln!(
             "caracal serve: model `{name}` at http://{local}/v1 (WebSocket ws://{local}/v1/responses, ws://{local}/v1/realtime); Ctrl-C stops"
         );
-        Gateway::new(served, engine, config)
+        Gateway::with_media(served, engine, config, media)
             .serve(listener, gateway::shutdown_signal())
             .await
             .context("serving")

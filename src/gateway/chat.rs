@@ -33,6 +33,7 @@ use super::fields::{as_object, Fields};
 use super::generation::{self, Finish, GenEvent, GenRequest, GenSummary, LogprobEntry};
 use super::http::{check_model, ok_json, read_json, sse_done, sse_frame, sse_response, SSE_BUFFER};
 use super::logprobs;
+use super::media;
 use super::metrics::Endpoint;
 use super::model::{Conversation, ToolChoiceSpec};
 use super::params::{
@@ -337,9 +338,11 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
         tool_choice,
         thinking,
     };
+    let images = media::encode_images(&state, &conv.messages).await?;
     let text = state.model.render(&conv)?;
     let prompt = state.model.encode(&text, None)?;
     let mut valid = valid_request(&state, prompt, &sampling, f.str("user")?)?;
+    media::splice(&state, &mut valid, &images)?;
     valid.logprobs = logprobs;
     let req = ChatRequest {
         model,

@@ -193,7 +193,10 @@ async fn model_by_id(
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let snap = state.engine.snapshot().await;
-    let text = state.metrics.render(&snap);
+    let mut text = state.metrics.render(&snap);
+    if let Some(media) = &state.media {
+        super::metrics::render_vision(&mut text, &media.stats());
+    }
     let mut resp = Response::new(Body::from(text));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -309,3 +309,43 @@ mod tests {
         assert!(text.contains("caracal_requests_total{endpoint=\"completions\"} 1\n"));
     }
 }
+
+/// The vision encoder's counters (servers whose model takes images).
+pub fn render_vision(out: &mut String, v: &caracal_actors::vision::VisionStats) {
+    counter(
+        out,
+        "caracal_vision_encodes_total",
+        "Vision-tower passes (each may pack several media items).",
+        v.encodes,
+    );
+    counter(
+        out,
+        "caracal_vision_items_encoded_total",
+        "Media items the vision tower encoded.",
+        v.items_encoded,
+    );
+    counter(
+        out,
+        "caracal_vision_cache_hits_total",
+        "Media items whose embeddings came from the encoder cache.",
+        v.cache_hits,
+    );
+    counter(
+        out,
+        "caracal_vision_cache_misses_total",
+        "Media items that had to be encoded.",
+        v.cache_misses,
+    );
+    counter(
+        out,
+        "caracal_vision_cache_evictions_total",
+        "Embeddings evicted from the encoder cache.",
+        v.evictions,
+    );
+    gauge(
+        out,
+        "caracal_vision_cache_bytes",
+        "Bytes of embeddings held by the encoder cache.",
+        v.bytes_cached,
+    );
+}

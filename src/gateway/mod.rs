@@ -33,6 +33,7 @@ pub mod fields;
 pub mod generation;
 pub mod http;
 pub mod logprobs;
+pub mod media;
 pub mod metrics;
 pub mod model;
 pub mod params;
@@ -121,6 +122,8 @@ pub struct AppState {
     pub inflight: responses::store::InflightResponses,
     /// WebSocket session slots (`--max-sessions`).
     pub sessions: Arc<Semaphore>,
+    /// Image ingest and the vision encoder (`None`: the model takes no images).
+    pub media: Option<media::MediaServices>,
 }
 
 /// A fresh id: `prefix` and 24 hex digits, unique within the process and
@@ -159,6 +162,17 @@ pub struct Gateway {
 impl Gateway {
     /// Assembles the gateway around a started engine.
     pub fn new(model: ServedModel, engine: EngineHost, config: GatewayConfig) -> Gateway {
+        Gateway::with_media(model, engine, config, None)
+    }
+
+    /// [`Gateway::new`] with the media actors of a model that takes images.
+    pub fn with_media(
+        mut model: ServedModel,
+        engine: EngineHost,
+        config: GatewayConfig,
+        media: Option<media::MediaServices>,
+    ) -> Gateway {
+        model.vision = media.is_some();
         let controller = ShutdownController::new();
         let state = Arc::new(AppState {
             store: responses::store::ResponseStore::new(config.store_capacity, config.store_ttl),
@@ -169,6 +183,7 @@ impl Gateway {
             model,
             engine,
             config,
+            media,
         });
         Gateway { state, controller }
     }

@@ -181,9 +181,12 @@ impl ServedModel {
                     },
                     ..K3Options::default()
                 };
-                render_k3(&conv.messages, tools_opt, true, &options).map_err(|e| {
+                let text = render_k3(&conv.messages, tools_opt, true, &options).map_err(|e| {
                     ApiError::invalid("invalid_value", Some("messages"), e.to_string())
-                })
+                })?;
+                // The template's image placeholder becomes the media wrapper
+                // whose `<|media_pad|>` the gateway expands.
+                Ok(text.replace("<|kimi_image_placeholder|>", super::media::IMAGE_WRAPPER))
             }
             ChatFormat::KimiK2 => Ok(render_k2(&conv.messages, tools_opt, true)),
             ChatFormat::Jinja(template) => {

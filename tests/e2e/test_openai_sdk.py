@@ -76,6 +76,39 @@ def test_logprobs_through_the_sdk_types(client):
     assert len(c.choices[0].logprobs.token_logprobs) == len(c.choices[0].logprobs.tokens) >= 1
 
 
+def _metric(name):
+    import urllib.request
+    root = BASE.rsplit("/v1", 1)[0]
+    text = urllib.request.urlopen(root + "/metrics").read().decode()
+    return int(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_images_through_chat_and_responses_are_encoded_once(client):
+    import base64
+    here = os.path.dirname(os.path.abspath(__file__))
+    png = open(os.path.join(here, "..", "..", "media", "tests", "fixtures", "images", "mandelbrot_37x301.png"), "rb").read()
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    assert client.models.list().data[0].model_extra.get("supports_images") is True
+    before = _metric("caracal_vision_items_encoded_total")
+    chat = client.chat.completions.create(
+        model=MODEL, max_tokens=3, temperature=0,
+        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                {"type": "text", "text": "What is in the picture?"}]}])
+    assert chat.usage.prompt_tokens > 20
+    assert _metric("caracal_vision_items_encoded_total") == before + 1
+    resp = client.responses.create(
+        model=MODEL, max_output_tokens=3, temperature=0,
+        input=[{"role": "user", "content": [{"type": "input_image", "image_url": url},
+                                             {"type": "input_text", "text": "What is in the picture?"}]}])
+    assert resp.usage.input_tokens > 20
+    again = client.chat.completions.create(
+        model=MODEL, max_tokens=3, temperature=0,
+        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                {"type": "text", "text": "What is in the picture?"}]}])
+    assert _metric("caracal_vision_items_encoded_total") == before + 1, "the same image is not encoded again"
+    assert again.usage.prompt_tokens_details.cached_tokens >= chat.usage.prompt_tokens // 16 * 16 - 16
+
+
 def test_errors_map_to_sdk_exceptions(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=2)

@@ -39,16 +39,30 @@ pub struct TestServer {
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-/// Starts a gateway over the checkpoint in `dir`.
+/// Starts a gateway over the checkpoint in `dir` (with the media actors
+/// when the model has a vision tower).
 pub async fn start(dir: &Path, config: GatewayConfig, engine: EngineConfig) -> TestServer {
+    start_media(dir, config, engine, None).await
+}
+
+/// [`start`] with these media settings (default: the model type's).
+pub async fn start_media(
+    dir: &Path,
+    config: GatewayConfig,
+    engine: EngineConfig,
+    media: Option<caracal::gateway::media::MediaConfig>,
+) -> TestServer {
+    use caracal::gateway::media::{MediaConfig, MediaServices};
     let loaded = LoadedModel::load(dir).expect("fixture loads");
     let model: Arc<dyn CausalLm> = Arc::from(loaded.model);
     let tokenizer = loaded.tokenizer.map(Arc::new);
     let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-    let served = ServedModel::new(&name, model.as_ref(), tokenizer.clone(), false);
+    let media = media.unwrap_or_else(|| MediaConfig::for_model_type(&model.info().model_type));
+    let media = MediaServices::start(model.clone(), media).expect("media actors start");
+    let served = ServedModel::new(&name, model.as_ref(), tokenizer.clone(), media.is_some());
     let detok = tokenizer.map(|t| t as Arc<dyn caracal_actors::engine::Detokenize>);
     let host = EngineHost::start(model, engine, detok).expect("engine starts");
-    let gateway = Gateway::new(served, host, config);
+    let gateway = Gateway::with_media(served, host, config, media);
     let state = gateway.state.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -1,12 +1,10 @@
-//! Per-token log-probabilities and the media rows of a prefill chunk: the
-//! two pieces of per-sequence bookkeeping a step does beside sampling.
+//! Per-token log-probabilities.
 //!
 //! Log-probabilities are the log-softmax of the model's raw logits row
 //! (before penalties, temperature and grammar masks), as vLLM reports them
 //! by default: `logprob(t) = l_t − max − ln Σ_j exp(l_j − max)`. The top-k
 //! alternatives are the k largest logits, ties broken by the smaller id.
 
-use crate::engine::EmbedSpan;
 use crate::messages::TokenLogprob;
 
 /// Log-probability of `token` and the `k` most likely tokens under the
@@ -35,29 +33,8 @@ pub(super) fn token_logprob(logits: &[f32], token: u32, k: usize) -> TokenLogpro
     TokenLogprob { logprob, top }
 }
 
-/// The parts of `media` (prompt-level spans) that fall inside the prompt
-/// chunk `start..start + len`, as spans relative to the chunk.
-pub(super) fn chunk_embeds(media: &[EmbedSpan], start: usize, len: usize) -> Vec<EmbedSpan> {
-    let end = start + len;
-    media
-        .iter()
-        .filter_map(|m| {
-            let lo = m.offset.max(start);
-            let hi = (m.offset + m.len).min(end);
-            (lo < hi).then(|| EmbedSpan {
-                offset: lo - start,
-                rows: m.rows.clone(),
-                first_row: m.first_row + (lo - m.offset),
-                len: hi - lo,
-            })
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
 
     #[test]
@@ -77,31 +54,5 @@ mod tests {
             .sum();
         assert!((total - 1.0).abs() < 1e-6);
         assert!(token_logprob(&logits, 0, 0).top.is_empty());
-    }
-
-    #[test]
-    fn a_chunk_takes_the_part_of_each_span_it_covers() {
-        let rows: Arc<[f32]> = Arc::from(vec![0.0f32; 8]);
-        let media = vec![
-            EmbedSpan {
-                offset: 2,
-                rows: rows.clone(),
-                first_row: 0,
-                len: 4,
-            },
-            EmbedSpan {
-                offset: 9,
-                rows,
-                first_row: 0,
-                len: 2,
-            },
-        ];
-        let c = chunk_embeds(&media, 4, 4);
-        assert_eq!(c.len(), 1);
-        assert_eq!((c[0].offset, c[0].first_row, c[0].len), (0, 2, 2));
-        let c = chunk_embeds(&media, 0, 12);
-        assert_eq!(c.len(), 2);
-        assert_eq!((c[1].offset, c[1].first_row, c[1].len), (9, 0, 2));
-        assert!(chunk_embeds(&media, 6, 3).is_empty());
     }
 }

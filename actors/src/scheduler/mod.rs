@@ -769,7 +769,7 @@ impl SchedulerState {
                     Work::Decode { .. } | Work::Extend { .. } => (r.pending.clone(), Vec::new()),
                     Work::Prefill { start, len, .. } => (
                         r.req.prompt[start..start + len].to_vec(),
-                        logprobs::chunk_embeds(&r.req.media, start, len),
+                        EmbedSpan::within(&r.req.media, start, len),
                     ),
                 };
                 (tokens, self.logits_mode(w), embeds)

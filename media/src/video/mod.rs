@@ -45,13 +45,13 @@ use std::sync::Once;
 
 use image::RgbImage;
 
+pub use crate::timestamp::format_timestamp;
 pub use container::{sniff, Container, Sniffed};
 pub use convert::ScalePath;
 pub use file::{decode_video_bytes, decode_video_file, image_frame};
 pub use limits::VideoLimits;
 pub use live::LiveDecoder;
 pub use sample::{moonshot_indices, transformers_indices, LiveSelector, SamplingMode};
-pub use crate::timestamp::format_timestamp;
 
 use crate::error::{MediaError, Result};
 use crate::resize::{ImageProcessorConfig, ResizeRule};

@@ -125,7 +125,7 @@ fn render_content(out: &mut String, content: &Option<MessageContent>) {
         Some(MessageContent::Text(t)) => out.push_str(t),
         Some(MessageContent::Parts(parts)) => {
             for part in parts {
-                if part.kind == "image" || part.kind == "image_url" {
+                if matches!(part.kind.as_str(), "image" | "image_url" | "input_image") {
                     out.push_str("<|kimi_image_placeholder|>");
                 } else {
                     out.push_str(part.text.as_deref().unwrap_or(""));

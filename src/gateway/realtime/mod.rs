@@ -32,6 +32,7 @@ use self::events::{event, RealtimeResponse};
 use super::error::{ApiError, ApiResult};
 use super::fields::{as_object, Fields};
 use super::generation::{self, GenEvent, GenRequest, GenSummary};
+use super::media;
 use super::metrics::Endpoint;
 use super::model::{CachedPrefix, Conversation, ToolChoiceSpec};
 use super::params::{valid_request, Sampling};
@@ -533,12 +534,14 @@ impl RealtimeSession {
             max_tokens: max,
             ignore_eos: false,
         };
-        let valid = valid_request(
+        let images = media::encode_images(&self.state, &context).await?;
+        let mut valid = valid_request(
             &self.state,
             prompt_ids.clone(),
             &sampling,
             Some(self.id.clone()),
         )?;
+        media::splice(&self.state, &mut valid, &images)?;
         let (cancel, cancel_rx) = watch::channel(false);
         let rx = generation::start(
             &self.state,

@@ -14,6 +14,7 @@ use super::types::{prompt_messages, text_format_of, ResponseRequest};
 use crate::chat::toolcall::Message;
 use crate::gateway::error::{ApiError, ApiResult};
 use crate::gateway::generation::{self, GenEvent, GenRequest};
+use crate::gateway::media;
 use crate::gateway::model::{CachedPrefix, Conversation};
 use crate::gateway::params::{
     compile_constraint, read_output_format, valid_request, OutputConstraint,
@@ -104,7 +105,9 @@ pub async fn begin(
     if !turn.req.generate {
         sampling.max_tokens = Some(1);
     }
+    let images = media::encode_images(state, &turn.context).await?;
     let mut valid = valid_request(state, turn.prompt_ids.clone(), &sampling, session)?;
+    media::splice(state, &mut valid, &images)?;
     valid.logprobs = turn.req.logprobs.filter(|_| turn.req.generate);
     let constraint = if turn.req.generate {
         let format = read_output_format(

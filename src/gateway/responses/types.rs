@@ -11,7 +11,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::chat::toolcall::{Message, ToolCall};
+use crate::chat::toolcall::{ContentPart, Message, MessageContent, ToolCall};
 use crate::gateway::error::{ApiError, ApiResult};
 use crate::gateway::fields::{as_object, type_name, Fields};
 use crate::gateway::model::ToolChoiceSpec;
@@ -105,6 +105,49 @@ fn content_text(content: &Value, name: &str, vision: bool) -> ApiResult<String> 
     }
 }
 
+/// A content value as message content: text when it has no images, else
+/// text and `input_image` parts in order (images only when `vision`).
+fn content_of(content: &Value, name: &str, vision: bool) -> ApiResult<MessageContent> {
+    let Value::Array(parts) = content else {
+        return Ok(MessageContent::Text(content_text(content, name, vision)?));
+    };
+    let is_image = |p: &Value| p.get("type").and_then(Value::as_str) == Some("input_image");
+    if !vision || !parts.iter().any(is_image) {
+        return Ok(MessageContent::Text(content_text(content, name, vision)?));
+    }
+    let mut out = Vec::with_capacity(parts.len());
+    for (j, p) in parts.iter().enumerate() {
+        let pname = format!("{name}[{j}]");
+        if is_image(p) {
+            let url = p
+                .get("image_url")
+                .filter(|u| u.is_string())
+                .ok_or_else(|| {
+                    if p.get("file_id").is_some() {
+                        ApiError::unsupported(&pname, "`file_id` images (send `image_url`)")
+                    } else {
+                        ApiError::missing(&format!("{pname}.image_url"))
+                    }
+                })?;
+            out.push(ContentPart {
+                kind: "input_image".into(),
+                text: None,
+                image_url: Some(url.clone()),
+            });
+        } else {
+            let text = content_text(&Value::Array(vec![p.clone()]), &pname, vision)?;
+            out.push(ContentPart::text(&text));
+        }
+    }
+    Ok(MessageContent::Parts(out))
+}
+
+/// `m` with `content`.
+fn with_content(mut m: Message, content: MessageContent) -> Message {
+    m.content = Some(content);
+    m
+}
+
 /// Converts input items into chat messages, appended to `out`.
 pub fn items_to_messages(items: &[Value], vision: bool, out: &mut Vec<Message>) -> ApiResult<()> {
     let mut reasoning: Option<String> = None;
@@ -116,15 +159,17 @@ pub fn items_to_messages(items: &[Value], vision: bool, out: &mut Vec<Message>) 
         match kind.as_str() {
             "message" => {
                 let role = f.require::<String>("role", "a string")?;
-                let text = content_text(
+                let content = content_of(
                     o.get("content").unwrap_or(&Value::Null),
                     &format!("{name}.content"),
-                    vision,
+                    vision && role == "user",
                 )?;
                 match role.as_str() {
-                    "user" | "system" | "developer" => out.push(Message::text(&role, &text)),
+                    "user" | "system" | "developer" => {
+                        out.push(with_content(Message::text(&role, ""), content))
+                    }
                     "assistant" => {
-                        let mut m = Message::text("assistant", &text);
+                        let mut m = with_content(Message::text("assistant", ""), content);
                         m.reasoning_content = reasoning.take();
                         out.push(m);
                     }
@@ -160,12 +205,12 @@ pub fn items_to_messages(items: &[Value], vision: bool, out: &mut Vec<Message>) 
                 let call_id = f
                     .str("call_id")?
                     .ok_or_else(|| ApiError::missing(&format!("{name}.call_id")))?;
-                let output = content_text(
+                let output = content_of(
                     o.get("output").unwrap_or(&Value::Null),
                     &format!("{name}.output"),
                     vision,
                 )?;
-                out.push(Message::tool_result(&call_id, &output));
+                out.push(with_content(Message::tool_result(&call_id, ""), output));
             }
             "reasoning" => {
                 let mut text = String::new();
