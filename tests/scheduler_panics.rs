@@ -1,0 +1,254 @@
+//! Panic isolation in the scheduler, with real tiny models behind a fault
+//! injector: [`PanicsOnToken`] delegates every forward to the fixture model
+//! and then panics when the batch carried a chosen token id (after the
+//! model has advanced the states and written KV rows, as a bug deep in a
+//! layer would).
+//!
+//! On an attention model the request that carries the token ends with
+//! `internal_error`, the request batched with it completes with exactly
+//! the tokens it gives alone, every page comes back, the panic is counted,
+//! and later requests run. On a hybrid (KDA) model, whose recurrent states
+//! cannot be rolled back, every request of the panicking step fails and the
+//! scheduler goes on serving.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use caracal::generate::LoadedModel;
+use caracal_actors::engine::{CausalLm, EngineError, ModelInfo, SeqBatch, SeqState};
+use caracal_actors::messages::{ErrorKind, StopConditions, TokenEvent, ValidRequest};
+use caracal_actors::scheduler::{SchedulerConfig, SchedulerState, StepOutcome};
+use caracal_kernels::paged::KvPool;
+use caracal_kernels::sampling::SamplingParams;
+use tokio::sync::mpsc;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// The fault injector: a real model whose forward panics, after running,
+/// when any sequence of the batch feeds `token`.
+struct PanicsOnToken {
+    /// The fixture model every call goes to.
+    inner: Arc<dyn CausalLm>,
+    /// The id that triggers the panic.
+    token: u32,
+}
+
+impl CausalLm for PanicsOnToken {
+    fn info(&self) -> &ModelInfo {
+        self.inner.info()
+    }
+
+    fn new_state(&self) -> SeqState {
+        self.inner.new_state()
+    }
+
+    fn forward(
+        &self,
+        cache: &mut KvPool,
+        batch: &mut [SeqBatch<'_>],
+    ) -> Result<Vec<f32>, EngineError> {
+        let out = self.inner.forward(cache, batch);
+        if batch.iter().any(|b| b.tokens.contains(&self.token)) {
+            panic!("injected fault: token {} in the batch", self.token);
+        }
+        out
+    }
+}
+
+fn load(name: &str) -> Arc<dyn CausalLm> {
+    Arc::from(
+        LoadedModel::load(&fixture(name))
+            .expect("fixture loads")
+            .model,
+    )
+}
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> ValidRequest {
+    ValidRequest {
+        session: None,
+        prompt,
+        cache_key: None,
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop: StopConditions::default(),
+    }
+}
+
+/// How a stream ended: its tokens and `Ok(())` or the error kind and message.
+type Outcome = (Vec<u32>, Result<(), (ErrorKind, String)>);
+
+/// Everything a finished stream carried (the scheduler has stepped it to the end).
+fn drain(rx: &mut mpsc::Receiver<TokenEvent>) -> Outcome {
+    let mut ids = Vec::new();
+    while let Ok(ev) = rx.try_recv() {
+        match ev {
+            TokenEvent::Token { id } => ids.push(id),
+            TokenEvent::Finished { .. } => return (ids, Ok(())),
+            TokenEvent::Error { kind, message } => return (ids, Err((kind, message))),
+        }
+    }
+    panic!("the stream has no final event after {} tokens", ids.len());
+}
+
+/// A scheduler over `model` with 16-token pages and room for a few sequences.
+fn scheduler(model: Arc<dyn CausalLm>) -> SchedulerState {
+    SchedulerState::new(
+        model,
+        64,
+        SchedulerConfig {
+            page_size: 16,
+            ..Default::default()
+        },
+        None,
+    )
+}
+
+/// Steps until nothing is left to do.
+fn run_to_idle(s: &mut SchedulerState) {
+    for _ in 0..10_000 {
+        if s.step() == StepOutcome::Idle {
+            return;
+        }
+    }
+    panic!("the scheduler never became idle");
+}
+
+/// Runs each request to its end on a fresh scheduler, all queued at once
+/// (so the first step batches every prompt), and returns the outcomes.
+fn run_together(s: &mut SchedulerState, reqs: Vec<ValidRequest>) -> Vec<Outcome> {
+    let mut rxs: Vec<_> = reqs
+        .into_iter()
+        .map(|r| {
+            let (tx, rx) = mpsc::channel(1024);
+            s.enqueue(r, tx).expect("queued");
+            rx
+        })
+        .collect();
+    run_to_idle(s);
+    rxs.iter_mut().map(drain).collect()
+}
+
+/// No sequence runs, nothing is locked, every page is free or cached.
+fn assert_pages_back(s: &SchedulerState) {
+    let m = s.memory_stats();
+    assert_eq!(s.stats().running, 0);
+    assert_eq!(m.cached_pages, m.evictable_pages, "no page stays locked: {m:?}");
+    assert_eq!(m.free_pages + m.cached_pages, m.total_pages, "{m:?}");
+    assert_eq!(m.pinned_sessions, 0, "{m:?}");
+}
+
+const BYSTANDER: [u32; 7] = [40, 41, 42, 43, 44, 45, 46];
+
+/// A token the bystander neither reads nor writes when it runs alone.
+fn poison_for(alone: &[u32]) -> u32 {
+    (100..500)
+        .find(|t| !alone.contains(t) && !BYSTANDER.contains(t))
+        .expect("a free id")
+}
+
+#[test]
+fn a_panicking_forward_fails_only_its_request_on_an_attention_model() {
+    let inner = load("tiny-llama");
+    let mut alone = scheduler(inner.clone());
+    let (alone_ids, end) = run_together(&mut alone, vec![greedy(BYSTANDER.to_vec(), 24)]).remove(0);
+    assert_eq!(end, Ok(()));
+    assert!(alone_ids.len() > 4, "{alone_ids:?}");
+    let cached_alone = alone.memory_stats().cached_pages;
+    let poison = poison_for(&alone_ids);
+
+    let model = Arc::new(PanicsOnToken {
+        inner,
+        token: poison,
+    });
+    let mut s = scheduler(model);
+    let total = s.memory_stats().total_pages;
+    assert_eq!(s.memory_stats().free_pages, total);
+    let out = run_together(
+        &mut s,
+        vec![
+            greedy(BYSTANDER.to_vec(), 24),
+            greedy(vec![7, 8, poison, 9, 10], 24),
+        ],
+    );
+    let (bystander, victim) = (&out[0], &out[1]);
+    assert_eq!(bystander.1, Ok(()), "the bystander completes");
+    assert_eq!(
+        bystander.0, alone_ids,
+        "the bystander's greedy tokens equal its run alone"
+    );
+    let (kind, message) = victim.1.clone().expect_err("the victim fails");
+    assert_eq!(kind, ErrorKind::InternalError);
+    assert!(
+        message.contains("injected fault") && message.contains("panic"),
+        "the message names the panic: {message}"
+    );
+    assert!(victim.0.is_empty(), "the victim produced no token");
+    // The batched forward panicked, then the victim alone again.
+    assert_eq!(s.stats().panics, 2, "{:?}", s.stats());
+    assert_eq!(s.stats().finished, 1);
+    assert_pages_back(&s);
+    assert_eq!(
+        s.memory_stats().cached_pages,
+        cached_alone,
+        "the victim cached nothing: the same pages are cached as by the bystander alone"
+    );
+
+    // The scheduler goes on: a later request runs (and hits the cache).
+    let (later, end) = run_together(&mut s, vec![greedy(BYSTANDER.to_vec(), 24)]).remove(0);
+    assert_eq!(end, Ok(()));
+    assert_eq!(later, alone_ids);
+    // A victim that panics in decode, not prefill: the first generated id
+    // it has not seen before poisons the step that feeds it back.
+    let k = (1..alone_ids.len())
+        .find(|&k| !BYSTANDER.contains(&alone_ids[k]) && !alone_ids[..k].contains(&alone_ids[k]))
+        .expect("a fresh id among the generated ones");
+    let decode_victim = Arc::new(PanicsOnToken {
+        inner: load("tiny-llama"),
+        token: alone_ids[k],
+    });
+    let mut s = scheduler(decode_victim);
+    let (ids, end) = run_together(&mut s, vec![greedy(BYSTANDER.to_vec(), 24)]).remove(0);
+    assert_eq!(
+        ids,
+        alone_ids[..=k].to_vec(),
+        "tokens up to the poisoned one were streamed"
+    );
+    assert_eq!(end.map_err(|e| e.0), Err(ErrorKind::InternalError));
+    assert_pages_back(&s);
+}
+
+#[test]
+fn a_panicking_forward_on_a_hybrid_model_fails_its_step_and_the_scheduler_goes_on() {
+    let inner = load("tiny-kimi-linear");
+    let mut alone = scheduler(inner.clone());
+    let (alone_ids, end) = run_together(&mut alone, vec![greedy(BYSTANDER.to_vec(), 12)]).remove(0);
+    assert_eq!(end, Ok(()));
+    let poison = poison_for(&alone_ids);
+    let mut s = scheduler(Arc::new(PanicsOnToken {
+        inner,
+        token: poison,
+    }));
+    let out = run_together(
+        &mut s,
+        vec![
+            greedy(BYSTANDER.to_vec(), 12),
+            greedy(vec![7, poison, 9], 12),
+        ],
+    );
+    for (ids, end) in &out {
+        assert!(ids.is_empty());
+        let (kind, message) = end.clone().expect_err("both fail");
+        assert_eq!(kind, ErrorKind::InternalError);
+        assert!(message.contains("injected fault"), "{message}");
+    }
+    assert_eq!(s.stats().panics, 1);
+    assert_pages_back(&s);
+    let (later, end) = run_together(&mut s, vec![greedy(BYSTANDER.to_vec(), 12)]).remove(0);
+    assert_eq!(end, Ok(()));
+    assert_eq!(later, alone_ids, "a later request runs as it does alone");
+    assert_pages_back(&s);
+}
