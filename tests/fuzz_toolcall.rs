@@ -195,6 +195,23 @@ proptest! {
     }
 }
 
+// Findings, kept as named regressions.
+
+/// Found by `hermes_parser_is_split_invariant_and_never_panics`: an empty
+/// (malformed) `<tool_call></tool_call>` took call index 0, so the valid
+/// call after it streamed as `tool_calls[1]` with no `[0]`.
+#[test]
+fn hermes_malformed_block_takes_no_call_index() {
+    let text = "<tool_call></tool_call><tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}";
+    let events = parse_cut(HermesStreamParser::new(), text, &[]);
+    assert!(matches!(events[0], ParseEvent::Malformed { index: None, .. }), "{events:?}");
+    assert!(
+        matches!(&events[1], ParseEvent::ToolCallStart { index: 0, name, .. } if name == "get_weather"),
+        "{events:?}"
+    );
+    hermes(text, &[3, 5, 7]).expect("split invariant");
+}
+
 #[test]
 #[ignore = "long run: FUZZ_SECS=600 cargo test --release --test fuzz_toolcall -- --ignored"]
 fn soak_toolcall_parsers() {
