@@ -561,12 +561,28 @@ fn every_truncation_of_real_files_is_an_error_not_a_crash() {
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
+    // A GGUF opens exactly when every tensor's data is inside what is left
+    // (the padding after the last tensor is not needed).
+    let full = GgufFile::open(fixture("gguf/quants.gguf")).expect("fixture opens");
+    let data_end = full.tensors().map(|t| t.byte_range.end).max().expect("tensors");
     let orig = std::fs::read(fixture("gguf/quants.gguf")).expect("fixture");
-    for cut in 0..orig.len() {
+    // Every cut through the header and tensor table, then every 61st byte
+    // of the data and the last bytes.
+    let header = full.data_offset() as usize;
+    let cuts = (0..=header + 64)
+        .chain((header + 64..orig.len()).step_by(61))
+        .chain(data_end.saturating_sub(2)..orig.len());
+    for cut in cuts {
         let dir = scratch();
         let path = dir.join("m.gguf");
         std::fs::write(&path, &orig[..cut]).expect("write");
-        assert!(GgufFile::open(&path).is_err(), "a GGUF cut at {cut} opens");
+        let opened = GgufFile::open(&path);
+        assert_eq!(opened.is_ok(), cut >= data_end, "a GGUF cut at {cut} (data ends at {data_end})");
+        if let Ok(f) = opened {
+            for t in f.tensors() {
+                assert!(f.dequantize_tensor(t).is_ok() || !t.ggml_type.can_dequantize());
+            }
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
@@ -610,6 +626,33 @@ fn a_tensor_in_two_shards_is_an_error() {
     let err = Checkpoint::open(&dir).err().expect("refused");
     assert!(err.to_string().contains("also in another shard"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+// Findings, kept as named regressions.
+
+/// Found by `mutated_configs_give_an_arch_or_an_error`: a DeepSeek-V3
+/// config with `kv_lora_rank` near u64::MAX parsed, and `Arch::kv_width`
+/// (`kv_lora_rank + qk_rope_head_dim`) overflowed. Dims are now bounded
+/// when the config is read.
+#[test]
+fn huge_config_dims_are_refused_when_the_config_is_read() {
+    for (model, key) in [
+        ("tiny-deepseek-v3", "kv_lora_rank"),
+        ("tiny-deepseek-v3", "qk_rope_head_dim"),
+        ("tiny-llama", "head_dim"),
+        ("tiny-llama", "vocab_size"),
+        ("tiny-kimi-linear", "hidden_size"),
+        ("tiny-llama", "max_position_embeddings"),
+    ] {
+        let mut c = config_of(model);
+        c[key] = json!(u64::MAX / 2);
+        let e = Arch::from_config(&c).err().unwrap_or_else(|| panic!("{model} {key} accepted"));
+        assert!(e.to_string().contains(key), "{model}: {e}");
+    }
+    let mut c = config_of("tiny-deepseek-v3");
+    c["kv_lora_rank"] = json!(1u64 << 24);
+    let a = Arch::from_config(&c).expect("a large but bounded dim parses");
+    assert_eq!(a.kv_width(), (1 << 24) + c["qk_rope_head_dim"].as_u64().unwrap() as usize);
 }
 
 #[test]
