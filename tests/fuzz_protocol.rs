@@ -212,7 +212,7 @@ const INNER: &[&str] = &["role", "content", "type", "name", "tool_calls", "tool_
 /// The body text of `endpoint`'s template with `edits` applied.
 fn body_text(endpoint: &str, edits: &[Edit]) -> String {
     let mut v = template(endpoint);
-    let mut raws: Vec<(String, &str)> = Vec::new();
+    let mut raws: Vec<(String, String)> = Vec::new();
     for e in edits {
         let obj = v.as_object_mut().expect("templates are objects");
         match e {
@@ -222,75 +222,35 @@ fn body_text(endpoint: &str, edits: &[Edit]) -> String {
             Edit::Raw(k, r) => {
                 let mark = format!("\u{1}RAW{}\u{1}", raws.len());
                 obj.insert(FIELDS[k % FIELDS.len()].into(), json!(mark));
-                raws.push((serde_json::to_string(&mark).expect("json"), RAW[r % RAW.len()]));
+                raws.push((serde_json::to_string(&mark).expect("json"), RAW[r % RAW.len()].to_string()));
             }
             Edit::Remove(k) => {
                 obj.remove(FIELDS[k % FIELDS.len()]);
             }
             Edit::Inner(k, val) => {
-                let list = ["messages", "input"]
-                    .iter()
-                    .find_map(|f| obj.get_mut(*f).and_then(Value::as_array_mut));
+                let field = ["messages", "input"]
+                    .into_iter()
+                    .find(|f| obj.get(*f).is_some_and(Value::is_array));
+                let list = field.and_then(|f| obj.get_mut(f)).and_then(Value::as_array_mut);
                 if let Some(first) = list.and_then(|l| l.first_mut()).and_then(Value::as_object_mut) {
                     first.insert(INNER[k % INNER.len()].into(), val.clone());
                 }
             }
             Edit::Deep(k, n) => {
-                let key = FIELDS[k % FIELDS.len()];
-                let mut inner = obj.remove(key).unwrap_or(json!(1));
-                for _ in 0..*n {
-                    inner = json!([inner]);
-                }
-                obj.insert(key.into(), inner);
+                // Written as text: a Value this deep would overflow the
+                // stack when dropped (serde_json's Drop recurses).
+                let mark = format!("\u{1}RAW{}\u{1}", raws.len());
+                obj.insert(FIELDS[k % FIELDS.len()].into(), json!(mark));
+                let deep = format!("{}1{}", "[".repeat(*n), "]".repeat(*n));
+                raws.push((serde_json::to_string(&mark).expect("json"), deep));
             }
         }
     }
-    // Deep values are built past serde_json's recursion limit: write them by hand.
-    let mut text = to_text(&v);
+    let mut text = v.to_string();
     for (mark, raw) in raws {
-        text = text.replace(&mark, raw);
+        text = text.replace(&mark, &raw);
     }
     text
-}
-
-/// JSON text of `v` without recursion limits (serde_json's writer recurses too).
-fn to_text(v: &Value) -> String {
-    enum Tok<'a> {
-        Value(&'a Value),
-        Text(String),
-    }
-    let mut out = String::new();
-    let mut stack = vec![Tok::Value(v)];
-    while let Some(tok) = stack.pop() {
-        match tok {
-            Tok::Text(s) => out.push_str(&s),
-            Tok::Value(Value::Array(a)) => {
-                out.push('[');
-                stack.push(Tok::Text("]".into()));
-                for (i, x) in a.iter().enumerate().rev() {
-                    stack.push(Tok::Value(x));
-                    if i > 0 {
-                        stack.push(Tok::Text(",".into()));
-                    }
-                }
-            }
-            Tok::Value(Value::Object(o)) => {
-                out.push('{');
-                stack.push(Tok::Text("}".into()));
-                let items: Vec<_> = o.iter().collect();
-                for (i, (k, x)) in items.into_iter().enumerate().rev() {
-                    stack.push(Tok::Value(x));
-                    let key = serde_json::to_string(k).expect("a key serialises");
-                    stack.push(Tok::Text(format!("{key}:")));
-                    if i > 0 {
-                        stack.push(Tok::Text(",".into()));
-                    }
-                }
-            }
-            Tok::Value(scalar) => out.push_str(&scalar.to_string()),
-        }
-    }
-    out
 }
 
 /// A body: the edited template, sometimes cut short or with bytes that are
@@ -328,6 +288,13 @@ fn body_bytes(b: &Body) -> (&'static str, Vec<u8>) {
     }
 }
 
+/// Answers seen, by status class: 200, 4xx, 503.
+static SEEN: [std::sync::atomic::AtomicU64; 3] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
+
 /// Sends `body` to `path` and checks the answer (see the module docs).
 async fn http_case(method: &str, path: &str, body: Option<Vec<u8>>) -> Result<(), TestCaseError> {
     let resp = tokio::time::timeout(Duration::from_secs(120), send(addr(), method, path, &[], body))
@@ -349,6 +316,12 @@ async fn http_case(method: &str, path: &str, body: Option<Vec<u8>>) -> Result<()
         status == 200 || (400..500).contains(&status) || status == 503,
         "{method} {path}: status {status}"
     );
+    let class = match status {
+        200 => 0,
+        503 => 2,
+        _ => 1,
+    };
+    SEEN[class].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if sse {
         prop_assert_eq!(status, 200);
         let text = String::from_utf8_lossy(&bytes);
@@ -526,6 +499,12 @@ fn check<S: Strategy>(
 #[test]
 fn client_input_gets_answers_or_typed_errors_and_leaks_nothing() {
     check("http bodies", 120, body(), |b| http_body_case(&b));
+    let seen: Vec<u64> = SEEN.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).collect();
+    println!("http answers: {} ok, {} 4xx, {} 503", seen[0], seen[1], seen[2]);
+    assert!(
+        seen[0] > 0 && seen[1] > 0,
+        "the bodies reach both generation and validation errors: {seen:?}"
+    );
     check("paths", 60, ("\\PC{0,24}", any::<u8>()), |(id, w)| path_case(&id, w));
     check(
         "responses websocket",
