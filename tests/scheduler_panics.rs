@@ -9,7 +9,9 @@
 //! the tokens it gives alone, every page comes back, the panic is counted,
 //! and later requests run. On a hybrid (KDA) model, whose recurrent states
 //! cannot be rolled back, every request of the panicking step fails and the
-//! scheduler goes on serving.
+//! scheduler goes on serving. Through the gateway, the victim gets a 500
+//! `internal_error`, `/metrics` counts the panic in `caracal_panics_total`,
+//! and the next request is answered.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -251,4 +253,71 @@ fn a_panicking_forward_on_a_hybrid_model_fails_its_step_and_the_scheduler_goes_o
     assert_eq!(end, Ok(()));
     assert_eq!(later, alone_ids, "a later request runs as it does alone");
     assert_pages_back(&s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_answers_a_panic_with_internal_error_and_counts_it() {
+    use caracal::gateway::{EngineHost, Gateway, GatewayConfig, ServedModel};
+    use caracal::text::tokenizer::TextTokenizer;
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    use hyper_util::rt::TokioIo;
+
+    let dir = fixture("tiny-llama");
+    let poison = 300;
+    let model: Arc<dyn CausalLm> = Arc::new(PanicsOnToken {
+        inner: load("tiny-llama"),
+        token: poison,
+    });
+    let tokenizer = Arc::new(TextTokenizer::from_dir(&dir).expect("tokenizer"));
+    let served = ServedModel::new("tiny-llama", model.as_ref(), Some(tokenizer.clone()), false);
+    let detok = Some(tokenizer as Arc<dyn caracal_actors::engine::Detokenize>);
+    let host = EngineHost::start(model, Default::default(), detok).expect("engine starts");
+    let gateway = Gateway::new(served, host, GatewayConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(gateway.serve(listener, async move {
+        let _ = stopped.await;
+    }));
+
+    let request = |method: &'static str, path: &'static str, body: Option<serde_json::Value>| async move {
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", addr.to_string())
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(
+                body.map(|b| b.to_string()).unwrap_or_default(),
+            )))
+            .expect("request");
+        let resp = sender.send_request(req).await.expect("answer");
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    };
+    let body = |prompt: Vec<u32>| {
+        Some(serde_json::json!({"model": "tiny-llama", "prompt": prompt, "max_tokens": 4, "temperature": 0}))
+    };
+    let (status, text) = request("POST", "/v1/completions", body(vec![5, poison, 6])).await;
+    assert_eq!(status, 500, "{text}");
+    let err: serde_json::Value = serde_json::from_str(&text).expect("JSON error");
+    assert!(
+        err["error"]["message"].as_str().is_some_and(|m| m.contains("injected fault")),
+        "{err}"
+    );
+    let (status, text) = request("POST", "/v1/completions", body(vec![5, 6, 7])).await;
+    assert_eq!(status, 200, "the next request is served: {text}");
+    let (_, metrics) = request("GET", "/metrics", None).await;
+    assert!(
+        metrics.contains("# TYPE caracal_panics_total counter\ncaracal_panics_total 1\n"),
+        "{metrics}"
+    );
+    let _ = stop.send(());
+    server.await.expect("serve task").expect("serve returns");
 }
