@@ -57,7 +57,12 @@ fn scratch() -> PathBuf {
     d
 }
 
-const MODELS: &[&str] = &["tiny-llama", "tiny-deepseek-v3", "tiny-kimi-linear", "tiny-kimi-k3"];
+const MODELS: &[&str] = &[
+    "tiny-llama",
+    "tiny-deepseek-v3",
+    "tiny-kimi-linear",
+    "tiny-kimi-k3",
+];
 
 fn config_of(model: &str) -> Value {
     let text = std::fs::read_to_string(fixture(model).join("config.json")).expect("config");
@@ -105,7 +110,8 @@ enum Edit {
 fn edits() -> impl Strategy<Value = Vec<Edit>> {
     let edit = prop_oneof![
         (any::<usize>(), any::<Option<usize>>()).prop_map(|(k, s)| Edit::Remove(k, s)),
-        (any::<usize>(), any::<Option<usize>>(), odd_value()).prop_map(|(k, s, v)| Edit::Set(k, s, v)),
+        (any::<usize>(), any::<Option<usize>>(), odd_value())
+            .prop_map(|(k, s, v)| Edit::Set(k, s, v)),
         (any::<usize>(), 2u64..1_000_000).prop_map(|(k, f)| Edit::Scale(k, f)),
     ];
     prop::collection::vec(edit, 1..5)
@@ -114,7 +120,9 @@ fn edits() -> impl Strategy<Value = Vec<Edit>> {
 /// Applies `edits` to a config (keys chosen by index, modulo the count).
 fn mutate(mut config: Value, edits: &[Edit]) -> Value {
     for e in edits {
-        let Some(obj) = config.as_object_mut() else { break };
+        let Some(obj) = config.as_object_mut() else {
+            break;
+        };
         let keys: Vec<String> = obj.keys().cloned().collect();
         if keys.is_empty() {
             break;
@@ -214,17 +222,28 @@ struct StEntry {
 }
 
 fn st_entries() -> impl Strategy<Value = (Vec<StEntry>, i64, i64)> {
-    let dtype = prop::sample::select(vec!["F32", "BF16", "F16", "U8", "I8", "I32", "I64", "F64", "BOOL", "F8_E4M3", "Q4", ""]);
+    let dtype = prop::sample::select(vec![
+        "F32", "BF16", "F16", "U8", "I8", "I32", "I64", "F64", "BOOL", "F8_E4M3", "Q4", "",
+    ]);
     let dim = prop_oneof![4 => 0u64..6, 1 => Just(u64::MAX), 1 => Just(1u64 << 33)];
-    let entry = (dtype, prop::collection::vec(dim, 0..4), any::<bool>(), 0u64..64, 0u64..64).prop_map(
-        |(dtype, shape, consistent, a, b)| StEntry {
+    let entry = (
+        dtype,
+        prop::collection::vec(dim, 0..4),
+        any::<bool>(),
+        0u64..64,
+        0u64..64,
+    )
+        .prop_map(|(dtype, shape, consistent, a, b)| StEntry {
             dtype,
             shape,
             offsets: if consistent { (0, 0) } else { (a, b) },
-        },
-    );
+        });
     // Extra data bytes (negative: cut the file short) and header-length skew.
-    (prop::collection::vec(entry, 0..5), -16i64..16, prop_oneof![4 => Just(0i64), 1 => -20i64..20, 1 => Just(i64::MAX / 2)])
+    (
+        prop::collection::vec(entry, 0..5),
+        -16i64..16,
+        prop_oneof![4 => Just(0i64), 1 => -20i64..20, 1 => Just(i64::MAX / 2)],
+    )
 }
 
 fn dtype_size(d: &str) -> u64 {
@@ -273,7 +292,9 @@ fn st_bytes(entries: &[StEntry], extra: i64, skew: i64) -> Vec<u8> {
 
 /// Opens `dir` as a checkpoint and reads every tensor it lists.
 fn read_checkpoint(dir: &Path) -> Result<(), TestCaseError> {
-    let Ok(ck) = Checkpoint::open(dir) else { return Ok(()) };
+    let Ok(ck) = Checkpoint::open(dir) else {
+        return Ok(());
+    };
     for name in ck.names() {
         let e = ck.entry(name).expect("listed").clone();
         let bytes = ck.bytes(name);
@@ -288,7 +309,11 @@ fn read_checkpoint(dir: &Path) -> Result<(), TestCaseError> {
 
 fn safetensors_case(entries: &[StEntry], extra: i64, skew: i64) -> Result<(), TestCaseError> {
     let dir = scratch();
-    std::fs::write(dir.join("model.safetensors"), st_bytes(entries, extra, skew)).expect("write");
+    std::fs::write(
+        dir.join("model.safetensors"),
+        st_bytes(entries, extra, skew),
+    )
+    .expect("write");
     let r = read_checkpoint(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     r
@@ -315,7 +340,11 @@ fn damage(header_bias: bool) -> impl Strategy<Value = Damage> {
         Just(9u64),
         any::<u64>(),
     ];
-    let at = if header_bias { 0u16..2048 } else { 0u16..u16::MAX };
+    let at = if header_bias {
+        0u16..2048
+    } else {
+        0u16..u16::MAX
+    };
     (
         prop::option::of(any::<u16>()),
         prop::collection::vec((at.clone(), any::<u8>()), 0..8),
@@ -380,10 +409,16 @@ fn real_safetensors_case(model: &str, d: &Damage) -> Result<(), TestCaseError> {
 
 /// Opens a GGUF and dequantises every tensor it lists.
 fn read_gguf(path: &Path) -> Result<(), TestCaseError> {
-    let Ok(f) = GgufFile::open(path) else { return Ok(()) };
+    let Ok(f) = GgufFile::open(path) else {
+        return Ok(());
+    };
     let infos: Vec<_> = f.tensors().cloned().collect();
     for t in &infos {
-        prop_assert!(t.byte_range.end <= f.file_len(), "{} lies inside the file", t.name);
+        prop_assert!(
+            t.byte_range.end <= f.file_len(),
+            "{} lies inside the file",
+            t.name
+        );
         let _ = f.tensor_data(t);
         if t.ggml_type.can_dequantize() {
             let _ = f.dequantize_tensor(t);
@@ -418,8 +453,13 @@ fn gguf_parts() -> impl Strategy<Value = GgufParts> {
     let count = prop_oneof![4 => 0u64..8, 1 => Just(u64::MAX), 1 => Just(1u64 << 40), 1 => Just(u64::MAX / 24)];
     let len = prop_oneof![4 => 0u64..12, 1 => Just(u64::MAX), 1 => Just(1u64 << 50)];
     let value = prop::collection::vec(any::<u8>(), 0..40);
-    let kv = (len.clone(), prop_oneof![4 => 0u32..13, 1 => any::<u32>()], value);
-    let dim = prop_oneof![4 => 1u64..64, 1 => Just(0u64), 1 => Just(u64::MAX), 1 => Just(1u64 << 31)];
+    let kv = (
+        len.clone(),
+        prop_oneof![4 => 0u32..13, 1 => any::<u32>()],
+        value,
+    );
+    let dim =
+        prop_oneof![4 => 1u64..64, 1 => Just(0u64), 1 => Just(u64::MAX), 1 => Just(1u64 << 31)];
     let tensor = (
         len,
         prop_oneof![4 => 0u32..5, 1 => Just(u32::MAX)],
@@ -446,7 +486,11 @@ fn gguf_parts() -> impl Strategy<Value = GgufParts> {
 fn gguf_bytes(p: &GgufParts) -> Vec<u8> {
     let mut b = b"GGUF".to_vec();
     b.extend_from_slice(&p.version.to_le_bytes());
-    let n_tensors = if p.n_tensors < 8 { p.tensors.len() as u64 } else { p.n_tensors };
+    let n_tensors = if p.n_tensors < 8 {
+        p.tensors.len() as u64
+    } else {
+        p.n_tensors
+    };
     b.extend_from_slice(&n_tensors.to_le_bytes());
     b.extend_from_slice(&(p.kvs.len() as u64).to_le_bytes());
     for (i, (len, tag, value)) in p.kvs.iter().enumerate() {
@@ -462,7 +506,11 @@ fn gguf_bytes(p: &GgufParts) -> Vec<u8> {
         let len = if *len < 12 { name.len() as u64 } else { *len };
         b.extend_from_slice(&len.to_le_bytes());
         b.extend_from_slice(name.as_bytes());
-        let n = if *n_dims < 5 { dims.len() as u32 } else { *n_dims };
+        let n = if *n_dims < 5 {
+            dims.len() as u32
+        } else {
+            *n_dims
+        };
         b.extend_from_slice(&n.to_le_bytes());
         for d in dims {
             b.extend_from_slice(&d.to_le_bytes());
@@ -564,7 +612,11 @@ fn every_truncation_of_real_files_is_an_error_not_a_crash() {
     // A GGUF opens exactly when every tensor's data is inside what is left
     // (the padding after the last tensor is not needed).
     let full = GgufFile::open(fixture("gguf/quants.gguf")).expect("fixture opens");
-    let data_end = full.tensors().map(|t| t.byte_range.end).max().expect("tensors");
+    let data_end = full
+        .tensors()
+        .map(|t| t.byte_range.end)
+        .max()
+        .expect("tensors");
     let orig = std::fs::read(fixture("gguf/quants.gguf")).expect("fixture");
     // Every cut through the header and tensor table, then every 61st byte
     // of the data and the last bytes.
@@ -577,7 +629,11 @@ fn every_truncation_of_real_files_is_an_error_not_a_crash() {
         let path = dir.join("m.gguf");
         std::fs::write(&path, &orig[..cut]).expect("write");
         let opened = GgufFile::open(&path);
-        assert_eq!(opened.is_ok(), cut >= data_end, "a GGUF cut at {cut} (data ends at {data_end})");
+        assert_eq!(
+            opened.is_ok(),
+            cut >= data_end,
+            "a GGUF cut at {cut} (data ends at {data_end})"
+        );
         if let Ok(f) = opened {
             for t in f.tensors() {
                 assert!(f.dequantize_tensor(t).is_ok() || !t.ggml_type.can_dequantize());
@@ -597,7 +653,12 @@ fn a_shard_index_cannot_point_outside_the_model_folder() {
     }
     let index = dir.join("model.safetensors.index.json");
     let text = std::fs::read_to_string(&index).expect("index");
-    for bad in ["../tiny-llama/model.safetensors", "/etc/passwd", "sub/../../x.safetensors", ".."] {
+    for bad in [
+        "../tiny-llama/model.safetensors",
+        "/etc/passwd",
+        "sub/../../x.safetensors",
+        "..",
+    ] {
         let mut v: Value = serde_json::from_str(&text).expect("json");
         let map = v["weight_map"].as_object_mut().expect("weight_map");
         let first = map.keys().next().expect("a tensor").clone();
@@ -646,13 +707,18 @@ fn huge_config_dims_are_refused_when_the_config_is_read() {
     ] {
         let mut c = config_of(model);
         c[key] = json!(u64::MAX / 2);
-        let e = Arch::from_config(&c).err().unwrap_or_else(|| panic!("{model} {key} accepted"));
+        let e = Arch::from_config(&c)
+            .err()
+            .unwrap_or_else(|| panic!("{model} {key} accepted"));
         assert!(e.to_string().contains(key), "{model}: {e}");
     }
     let mut c = config_of("tiny-deepseek-v3");
     c["kv_lora_rank"] = json!(1u64 << 24);
     let a = Arch::from_config(&c).expect("a large but bounded dim parses");
-    assert_eq!(a.kv_width(), (1 << 24) + c["qk_rope_head_dim"].as_u64().unwrap() as usize);
+    assert_eq!(
+        a.kv_width(),
+        (1 << 24) + c["qk_rope_head_dim"].as_u64().unwrap() as usize
+    );
 }
 
 #[test]

@@ -17,8 +17,8 @@ use std::io::Cursor;
 use std::sync::OnceLock;
 
 use caracal_media::{
-    decode_image, preprocess, probe_image, process_image_bytes, DecodeLimits,
-    ImageProcessorConfig, MediaError,
+    decode_image, preprocess, probe_image, process_image_bytes, DecodeLimits, ImageProcessorConfig,
+    MediaError,
 };
 use image::{ImageFormat, RgbImage, RgbaImage};
 use proptest::prelude::*;
@@ -58,17 +58,31 @@ fn seeds() -> &'static [Vec<u8>] {
         };
         let mut v = Vec::new();
         for (w, h) in [(1, 1), (28, 28), (57, 31), (64, 130)] {
-            v.push(enc(image::DynamicImage::ImageRgb8(rgb(w, h)), ImageFormat::Png));
-            v.push(enc(image::DynamicImage::ImageRgb8(rgb(w, h)), ImageFormat::Jpeg));
+            v.push(enc(
+                image::DynamicImage::ImageRgb8(rgb(w, h)),
+                ImageFormat::Png,
+            ));
+            v.push(enc(
+                image::DynamicImage::ImageRgb8(rgb(w, h)),
+                ImageFormat::Jpeg,
+            ));
         }
-        let rgba = RgbaImage::from_fn(40, 20, |x, y| image::Rgba([x as u8, y as u8, 7, (x * y) as u8]));
+        let rgba = RgbaImage::from_fn(40, 20, |x, y| {
+            image::Rgba([x as u8, y as u8, 7, (x * y) as u8])
+        });
         v.push(enc(image::DynamicImage::ImageRgba8(rgba), ImageFormat::Png));
         let grey16 = image::ImageBuffer::<image::Luma<u16>, Vec<u16>>::from_fn(30, 30, |x, y| {
             image::Luma([(x * 2000 + y * 7) as u16])
         });
-        v.push(enc(image::DynamicImage::ImageLuma16(grey16), ImageFormat::Png));
+        v.push(enc(
+            image::DynamicImage::ImageLuma16(grey16),
+            ImageFormat::Png,
+        ));
         let grey = image::GrayImage::from_fn(33, 17, |x, y| image::Luma([(x * y) as u8]));
-        v.push(enc(image::DynamicImage::ImageLuma8(grey), ImageFormat::Jpeg));
+        v.push(enc(
+            image::DynamicImage::ImageLuma8(grey),
+            ImageFormat::Jpeg,
+        ));
         v
     })
 }
@@ -192,7 +206,11 @@ fn crc32(bytes: &[u8]) -> u32 {
     for &b in bytes {
         c ^= u32::from(b);
         for _ in 0..8 {
-            c = if c & 1 != 0 { (c >> 1) ^ 0xEDB8_8320 } else { c >> 1 };
+            c = if c & 1 != 0 {
+                (c >> 1) ^ 0xEDB8_8320
+            } else {
+                c >> 1
+            };
         }
     }
     !c
@@ -273,17 +291,29 @@ fn fixed_up_png_mutations_reach_the_decoder() {
         fix_png_crcs(&mut b);
         decode_image(&b, &tight()).is_ok()
     });
-    assert!(crc_ok.count() > 0, "some one-bit mutations decode once checksums are fixed");
+    assert!(
+        crc_ok.count() > 0,
+        "some one-bit mutations decode once checksums are fixed"
+    );
     let mut b = png.clone();
     fix_png_crcs(&mut b);
-    assert_eq!(b, png, "fixing the checksums of an intact file changes nothing");
+    assert_eq!(
+        b, png,
+        "fixing the checksums of an intact file changes nothing"
+    );
 }
 
 #[test]
 fn header_sizes_past_the_limits_are_refused_before_decoding() {
     // PNG IHDR width at byte 16, height at 20; each seed cut to its header.
     let png = &seeds()[0];
-    for (w, h) in [(u32::MAX, 1), (1, u32::MAX), (16_385, 16_385), (1 << 20, 1 << 20), (0, 5)] {
+    for (w, h) in [
+        (u32::MAX, 1),
+        (1, u32::MAX),
+        (16_385, 16_385),
+        (1 << 20, 1 << 20),
+        (0, 5),
+    ] {
         let mut b = png.clone();
         b[16..20].copy_from_slice(&w.to_be_bytes());
         b[20..24].copy_from_slice(&h.to_be_bytes());

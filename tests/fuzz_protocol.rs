@@ -53,7 +53,11 @@ fn server() -> &'static (tokio::runtime::Runtime, TestServer) {
             max_message_bytes: 1 << 20,
             ..GatewayConfig::default()
         };
-        let server = rt.block_on(start(&fixture("tiny-llama"), config, EngineConfig::default()));
+        let server = rt.block_on(start(
+            &fixture("tiny-llama"),
+            config,
+            EngineConfig::default(),
+        ));
         (rt, server)
     })
 }
@@ -114,20 +118,34 @@ fn odd() -> impl Strategy<Value = Value> {
         Just(json!([[1], "a"])),
         Just(json!({})),
         Just(json!({"type": "function", "function": {"name": "f"}})),
-        Just(json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})),
-        Just(json!({"type": "json_schema", "json_schema": {"schema": {"type": "array", "uniqueItems": true}}})),
-        Just(json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}])),
+        Just(
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
+        ),
+        Just(
+            json!({"type": "json_schema", "json_schema": {"schema": {"type": "array", "uniqueItems": true}}})
+        ),
+        Just(
+            json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}])
+        ),
         Just(json!([{"type": "function", "name": "f", "parameters": 3}])),
-        Just(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])),
-        Just(json!([{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{"}}]}])),
+        Just(
+            json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
+        ),
+        Just(
+            json!([{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{"}}]}])
+        ),
         Just(json!([{"type": "function_call_output", "call_id": "nope", "output": "x"}])),
-        Just(json!([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}])),
+        Just(
+            json!([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}])
+        ),
         Just(json!({"include_usage": "yes"})),
         Just(json!({"format": {"type": "json_object"}})),
         Just(json!({"effort": "high"})),
         "\\PC{0,16}".prop_map(Value::String),
         any::<i64>().prop_map(|n| json!(n)),
-        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| json!(f)),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| json!(f)),
     ]
 }
 
@@ -206,13 +224,28 @@ const ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/res
 
 fn template(endpoint: &str) -> Value {
     match endpoint {
-        "/v1/chat/completions" => json!({"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}),
+        "/v1/chat/completions" => {
+            json!({"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0})
+        }
         "/v1/completions" => json!({"model": "tiny-llama", "prompt": "Hi", "max_tokens": 2}),
-        _ => json!({"model": "tiny-llama", "input": [{"type": "message", "role": "user", "content": "Hi"}], "max_output_tokens": 2}),
+        _ => {
+            json!({"model": "tiny-llama", "input": [{"type": "message", "role": "user", "content": "Hi"}], "max_output_tokens": 2})
+        }
     }
 }
 
-const INNER: &[&str] = &["role", "content", "type", "name", "tool_calls", "tool_call_id", "text", "call_id", "output", "reasoning_content"];
+const INNER: &[&str] = &[
+    "role",
+    "content",
+    "type",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "text",
+    "call_id",
+    "output",
+    "reasoning_content",
+];
 
 /// The body text of `endpoint`'s template with `edits` applied.
 fn body_text(endpoint: &str, edits: &[Edit]) -> String {
@@ -227,7 +260,10 @@ fn body_text(endpoint: &str, edits: &[Edit]) -> String {
             Edit::Raw(k, r) => {
                 let mark = format!("\u{1}RAW{}\u{1}", raws.len());
                 obj.insert(FIELDS[k % FIELDS.len()].into(), json!(mark));
-                raws.push((serde_json::to_string(&mark).expect("json"), RAW[r % RAW.len()].to_string()));
+                raws.push((
+                    serde_json::to_string(&mark).expect("json"),
+                    RAW[r % RAW.len()].to_string(),
+                ));
             }
             Edit::Remove(k) => {
                 obj.remove(FIELDS[k % FIELDS.len()]);
@@ -236,8 +272,13 @@ fn body_text(endpoint: &str, edits: &[Edit]) -> String {
                 let field = ["messages", "input"]
                     .into_iter()
                     .find(|f| obj.get(*f).is_some_and(Value::is_array));
-                let list = field.and_then(|f| obj.get_mut(f)).and_then(Value::as_array_mut);
-                if let Some(first) = list.and_then(|l| l.first_mut()).and_then(Value::as_object_mut) {
+                let list = field
+                    .and_then(|f| obj.get_mut(f))
+                    .and_then(Value::as_array_mut);
+                if let Some(first) = list
+                    .and_then(|l| l.first_mut())
+                    .and_then(Value::as_object_mut)
+                {
                     first.insert(INNER[k % INNER.len()].into(), val.clone());
                 }
             }
@@ -302,9 +343,12 @@ static SEEN: [std::sync::atomic::AtomicU64; 3] = [
 
 /// Sends `body` to `path` and checks the answer (see the module docs).
 async fn http_case(method: &str, path: &str, body: Option<Vec<u8>>) -> Result<(), TestCaseError> {
-    let resp = tokio::time::timeout(Duration::from_secs(120), send(addr(), method, path, &[], body))
-        .await
-        .map_err(|_| TestCaseError::fail(format!("{method} {path}: no answer in 120 s")))?;
+    let resp = tokio::time::timeout(
+        Duration::from_secs(120),
+        send(addr(), method, path, &[], body),
+    )
+    .await
+    .map_err(|_| TestCaseError::fail(format!("{method} {path}: no answer in 120 s")))?;
     let status = resp.status().as_u16();
     let sse = resp
         .headers()
@@ -316,7 +360,11 @@ async fn http_case(method: &str, path: &str, body: Option<Vec<u8>>) -> Result<()
         .map_err(|_| TestCaseError::fail("the body never ended"))?
         .map_err(|e| TestCaseError::fail(format!("the body broke off: {e}")))?
         .to_bytes();
-    prop_assert!(status != 500, "{method} {path}: 500: {}", String::from_utf8_lossy(&bytes));
+    prop_assert!(
+        status != 500,
+        "{method} {path}: 500: {}",
+        String::from_utf8_lossy(&bytes)
+    );
     prop_assert!(
         status == 200 || (400..500).contains(&status) || status == 503,
         "{method} {path}: status {status}"
@@ -331,7 +379,10 @@ async fn http_case(method: &str, path: &str, body: Option<Vec<u8>>) -> Result<()
         prop_assert_eq!(status, 200);
         let text = String::from_utf8_lossy(&bytes);
         for frame in text.split("\n\n").filter(|f| !f.trim().is_empty()) {
-            let data: String = frame.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+            let data: String = frame
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .collect();
             if data == "[DONE]" || data.is_empty() {
                 continue;
             }
@@ -340,11 +391,18 @@ async fn http_case(method: &str, path: &str, body: Option<Vec<u8>>) -> Result<()
         }
         return Ok(());
     }
-    let v: Value = serde_json::from_slice(&bytes)
-        .map_err(|_| TestCaseError::fail(format!("{path}: a non-JSON body: {}", String::from_utf8_lossy(&bytes))))?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|_| {
+        TestCaseError::fail(format!(
+            "{path}: a non-JSON body: {}",
+            String::from_utf8_lossy(&bytes)
+        ))
+    })?;
     if status != 200 {
         let err = &v["error"];
-        prop_assert!(err["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        prop_assert!(
+            err["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{v}"
+        );
         prop_assert!(err["type"].is_string(), "{v}");
     }
     Ok(())
@@ -359,7 +417,13 @@ fn http_body_case(b: &Body) -> Result<(), TestCaseError> {
 fn path_case(id: &str, which: u8) -> Result<(), TestCaseError> {
     let id: String = id
         .bytes()
-        .map(|b| if b.is_ascii_alphanumeric() || b == b'_' { (b as char).to_string() } else { format!("%{b:02X}") })
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b == b'_' {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
         .collect();
     let (method, path) = match which % 5 {
         0 => ("GET", format!("/v1/responses/{id}")),
@@ -393,9 +457,25 @@ const WS_TYPES: &[&str] = &[
     "",
 ];
 const WS_FIELDS: &[&str] = &[
-    "type", "response", "session", "item", "item_id", "event_id", "stream_id", "response_id",
-    "previous_item_id", "content_index", "audio_end_ms", "model", "input", "max_output_tokens",
-    "tools", "tool_choice", "instructions", "previous_response_id", "store",
+    "type",
+    "response",
+    "session",
+    "item",
+    "item_id",
+    "event_id",
+    "stream_id",
+    "response_id",
+    "previous_item_id",
+    "content_index",
+    "audio_end_ms",
+    "model",
+    "input",
+    "max_output_tokens",
+    "tools",
+    "tool_choice",
+    "instructions",
+    "previous_response_id",
+    "store",
 ];
 
 fn ws_event() -> impl Strategy<Value = WsEvent> {
@@ -411,10 +491,18 @@ fn ws_message(e: &WsEvent, realtime: bool) -> Message {
         WsEvent::Json(t, fields) => {
             let kind = WS_TYPES[t % WS_TYPES.len()];
             let mut v = match (kind, realtime) {
-                ("response.create", false) => json!({"type": kind, "model": "tiny-llama", "input": "Hi", "max_output_tokens": 2}),
-                ("response.create", true) => json!({"type": kind, "response": {"max_output_tokens": 2}}),
-                ("conversation.item.create", _) => json!({"type": kind, "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}}),
-                ("session.update", _) => json!({"type": kind, "session": {"instructions": "Be brief.", "max_output_tokens": 2}}),
+                ("response.create", false) => {
+                    json!({"type": kind, "model": "tiny-llama", "input": "Hi", "max_output_tokens": 2})
+                }
+                ("response.create", true) => {
+                    json!({"type": kind, "response": {"max_output_tokens": 2}})
+                }
+                ("conversation.item.create", _) => {
+                    json!({"type": kind, "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})
+                }
+                ("session.update", _) => {
+                    json!({"type": kind, "session": {"instructions": "Be brief.", "max_output_tokens": 2}})
+                }
                 _ => json!({"type": kind}),
             };
             for (k, val) in fields {
@@ -431,7 +519,11 @@ fn ws_message(e: &WsEvent, realtime: bool) -> Message {
 /// with an error (the sentinel): every message before it is a JSON event
 /// with a `type`, and the sentinel's answer comes, so the session lives.
 async fn ws_case(events: &[WsEvent], realtime: bool) -> Result<(), TestCaseError> {
-    let path = if realtime { "/v1/realtime?model=tiny-llama" } else { "/v1/responses" };
+    let path = if realtime {
+        "/v1/realtime?model=tiny-llama"
+    } else {
+        "/v1/responses"
+    };
     let mut c = WsClient::connect(addr(), path).await;
     for e in events {
         let m = ws_message(e, realtime);
@@ -445,7 +537,11 @@ async fn ws_case(events: &[WsEvent], realtime: bool) -> Result<(), TestCaseError
         json!({"type": "response.create", "stream_id": "sentinel", "model": "no-such-model"})
     };
     let binary_sent = events.iter().any(|e| matches!(e, WsEvent::Binary(_)));
-    if c.ws.send(Message::text(sentinel.to_string())).await.is_err() {
+    if c.ws
+        .send(Message::text(sentinel.to_string()))
+        .await
+        .is_err()
+    {
         // Binary frames may end a session (they are not part of the protocol).
         prop_assert!(binary_sent, "the socket closed without a binary frame");
         return Ok(());
@@ -504,13 +600,21 @@ fn check<S: Strategy>(
 #[test]
 fn client_input_gets_answers_or_typed_errors_and_leaks_nothing() {
     check("http bodies", 120, body(), |b| http_body_case(&b));
-    let seen: Vec<u64> = SEEN.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).collect();
-    println!("http answers: {} ok, {} 4xx, {} 503", seen[0], seen[1], seen[2]);
+    let seen: Vec<u64> = SEEN
+        .iter()
+        .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+        .collect();
+    println!(
+        "http answers: {} ok, {} 4xx, {} 503",
+        seen[0], seen[1], seen[2]
+    );
     assert!(
         seen[0] > 0 && seen[1] > 0,
         "the bodies reach both generation and validation errors: {seen:?}"
     );
-    check("paths", 60, ("\\PC{0,24}", any::<u8>()), |(id, w)| path_case(&id, w));
+    check("paths", 60, ("\\PC{0,24}", any::<u8>()), |(id, w)| {
+        path_case(&id, w)
+    });
     check(
         "responses websocket",
         30,
@@ -552,7 +656,12 @@ fn deep_nesting_and_unrepresentable_numbers_are_400s() {
                 let b = r.into_body().collect().await.expect("body").to_bytes();
                 (status, b)
             });
-            assert_eq!(resp.0, 400, "{endpoint} {edits:?}: {}", String::from_utf8_lossy(&resp.1));
+            assert_eq!(
+                resp.0,
+                400,
+                "{endpoint} {edits:?}: {}",
+                String::from_utf8_lossy(&resp.1)
+            );
         }
     }
 }

@@ -52,7 +52,9 @@ fn factory() -> &'static ConstraintFactory {
 fn kimi_factory() -> &'static ConstraintFactory {
     static F: OnceLock<ConstraintFactory> = OnceLock::new();
     F.get_or_init(|| {
-        factory_for(&caracal::convert::synth::default_model_dir().expect("the default model is made"))
+        factory_for(
+            &caracal::convert::synth::default_model_dir().expect("the default model is made"),
+        )
     })
 }
 
@@ -159,7 +161,16 @@ const PATTERNS: &[&str] = &[
 ];
 
 const FORMATS: &[&str] = &[
-    "date-time", "date", "time", "email", "uri", "uuid", "ipv4", "hostname", "regex", "bogus",
+    "date-time",
+    "date",
+    "time",
+    "email",
+    "uri",
+    "uuid",
+    "ipv4",
+    "hostname",
+    "regex",
+    "bogus",
 ];
 
 const NAMES: &[&str] = &[
@@ -206,7 +217,9 @@ fn value_for(key: &'static str, sub: BoxedStrategy<Value>) -> BoxedStrategy<Valu
                 .prop_map(|t| json!(t)),
         ]
         .boxed(),
-        "$ref" => prop::sample::select(REFS.to_vec()).prop_map(|r| json!(r)).boxed(),
+        "$ref" => prop::sample::select(REFS.to_vec())
+            .prop_map(|r| json!(r))
+            .boxed(),
         "$anchor" => Just(json!("a")).boxed(),
         "pattern" => prop::sample::select(PATTERNS.to_vec())
             .prop_map(|p| json!(p))
@@ -276,7 +289,9 @@ fn check_error(e: &CompileError) -> Result<(), TestCaseError> {
 /// allows (chosen by `picks`), consume, forced tokens. Errors are fine.
 fn drive(c: &mut dyn Constraint, vocab: usize, picks: &[u16]) -> Result<(), TestCaseError> {
     for &p in picks {
-        let Ok(mask) = c.compute_mask() else { return Ok(()) };
+        let Ok(mask) = c.compute_mask() else {
+            return Ok(());
+        };
         let allowed: Vec<u32> = (0..vocab as u32).filter(|&t| mask.is_allowed(t)).collect();
         prop_assert_eq!(allowed.len(), mask.count());
         let Some(&tok) = allowed.get(p as usize % allowed.len().max(1)) else {
@@ -352,7 +367,9 @@ fn request_fields() -> impl Strategy<Value = (Value, Value, Option<bool>, Value)
         scalar(),
     ];
     let format = prop_oneof![
-        schema().prop_map(|s| json!({"type": "json_schema", "json_schema": {"name": "x", "schema": s}})),
+        schema().prop_map(
+            |s| json!({"type": "json_schema", "json_schema": {"name": "x", "schema": s}})
+        ),
         Just(json!({"type": "json_object"})),
         Just(json!({"type": "text"})),
         scalar().prop_map(|v| json!({"type": v})),

@@ -144,7 +144,11 @@ fn same_for_any_cut<P: StreamParser>(
                 started += 1;
             }
             ParseEvent::ToolCallArgs { index, .. } | ParseEvent::ToolCallEnd { index } => {
-                prop_assert!(*index < started, "event for call {} before it started", index);
+                prop_assert!(
+                    *index < started,
+                    "event for call {} before it started",
+                    index
+                );
             }
             _ => {}
         }
@@ -204,7 +208,10 @@ proptest! {
 fn hermes_malformed_block_takes_no_call_index() {
     let text = "<tool_call></tool_call><tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}";
     let events = parse_cut(HermesStreamParser::new(), text, &[]);
-    assert!(matches!(events[0], ParseEvent::Malformed { index: None, .. }), "{events:?}");
+    assert!(
+        matches!(events[0], ParseEvent::Malformed { index: None, .. }),
+        "{events:?}"
+    );
     assert!(
         matches!(&events[1], ParseEvent::ToolCallStart { index: 0, name, .. } if name == "get_weather"),
         "{events:?}"
@@ -221,10 +228,14 @@ fn soak_toolcall_parsers() {
         output(K3_MARKERS).prop_map(|t| (2u8, t)),
         output(HERMES_MARKERS).prop_map(|t| (3u8, t)),
     ];
-    fuzz_support::soak("tool-call parsers", (any_format, cuts()), |((format, t), s)| match format {
-        0 => k2(&t, &s),
-        1 => k3(&t, &s, true),
-        2 => k3(&t, &s, false),
-        _ => hermes(&t, &s),
-    });
+    fuzz_support::soak(
+        "tool-call parsers",
+        (any_format, cuts()),
+        |((format, t), s)| match format {
+            0 => k2(&t, &s),
+            1 => k3(&t, &s, true),
+            2 => k3(&t, &s, false),
+            _ => hermes(&t, &s),
+        },
+    );
 }

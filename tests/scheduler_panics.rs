@@ -138,7 +138,10 @@ fn run_together(s: &mut SchedulerState, reqs: Vec<ValidRequest>) -> Vec<Outcome>
 fn assert_pages_back(s: &SchedulerState) {
     let m = s.memory_stats();
     assert_eq!(s.stats().running, 0);
-    assert_eq!(m.cached_pages, m.evictable_pages, "no page stays locked: {m:?}");
+    assert_eq!(
+        m.cached_pages, m.evictable_pages,
+        "no page stays locked: {m:?}"
+    );
     assert_eq!(m.free_pages + m.cached_pages, m.total_pages, "{m:?}");
     assert_eq!(m.pinned_sessions, 0, "{m:?}");
 }
@@ -274,7 +277,9 @@ async fn the_gateway_answers_a_panic_with_internal_error_and_counts_it() {
     let detok = Some(tokenizer as Arc<dyn caracal_actors::engine::Detokenize>);
     let host = EngineHost::start(model, Default::default(), detok).expect("engine starts");
     let gateway = Gateway::new(served, host, GatewayConfig::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = listener.local_addr().expect("address");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(gateway.serve(listener, async move {
@@ -302,13 +307,17 @@ async fn the_gateway_answers_a_panic_with_internal_error_and_counts_it() {
         (status, String::from_utf8_lossy(&bytes).into_owned())
     };
     let body = |prompt: Vec<u32>| {
-        Some(serde_json::json!({"model": "tiny-llama", "prompt": prompt, "max_tokens": 4, "temperature": 0}))
+        Some(
+            serde_json::json!({"model": "tiny-llama", "prompt": prompt, "max_tokens": 4, "temperature": 0}),
+        )
     };
     let (status, text) = request("POST", "/v1/completions", body(vec![5, poison, 6])).await;
     assert_eq!(status, 500, "{text}");
     let err: serde_json::Value = serde_json::from_str(&text).expect("JSON error");
     assert!(
-        err["error"]["message"].as_str().is_some_and(|m| m.contains("injected fault")),
+        err["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("injected fault")),
         "{err}"
     );
     let (status, text) = request("POST", "/v1/completions", body(vec![5, 6, 7])).await;

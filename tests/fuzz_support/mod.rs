@@ -49,8 +49,11 @@ pub fn soak_secs() -> u64 {
 /// failing (with the shrunk input) on the first property violation or
 /// panic; prints the executions. Each round is a fresh runner with a fresh
 /// random seed.
-pub fn soak<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>)
-where
+pub fn soak<S: Strategy>(
+    name: &str,
+    strategy: S,
+    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
+) where
     S::Value: std::fmt::Debug,
 {
     let secs = soak_secs();
@@ -94,10 +97,11 @@ impl Watchdog {
         std::thread::spawn(move || loop {
             std::thread::sleep(Duration::from_millis(200));
             let Some(cur) = watched.upgrade() else { return };
-            let stuck = cur
-                .lock()
-                .ok()
-                .and_then(|c| c.as_ref().filter(|(_, t)| t.elapsed() > limit).map(|(i, _)| i.clone()));
+            let stuck = cur.lock().ok().and_then(|c| {
+                c.as_ref()
+                    .filter(|(_, t)| t.elapsed() > limit)
+                    .map(|(i, _)| i.clone())
+            });
             if let Some(input) = stuck {
                 eprintln!("{what}: one input ran longer than {limit:?} (a hang): {input}");
                 std::process::abort();
@@ -110,7 +114,10 @@ impl Watchdog {
     pub fn run<T: std::fmt::Debug, R>(&self, input: &T, f: impl FnOnce() -> R) -> R {
         let mut text = format!("{input:?}");
         if text.len() > 4000 {
-            let cut = (0..=4000).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+            let cut = (0..=4000)
+                .rev()
+                .find(|&i| text.is_char_boundary(i))
+                .unwrap_or(0);
             text.truncate(cut);
             text.push('…');
         }

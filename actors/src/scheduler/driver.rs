@@ -183,7 +183,10 @@ impl SchedulerState {
     /// panics, each work again alone from the state the step found (see
     /// the module docs).
     pub(super) fn forward_isolated(&mut self, plan: Vec<Work>) -> IsolatedForward {
-        let lens: Vec<usize> = plan.iter().map(|w| self.running[w.seq()].state.len).collect();
+        let lens: Vec<usize> = plan
+            .iter()
+            .map(|w| self.running[w.seq()].state.len)
+            .collect();
         let prefill_before = self.stats.prefill_tokens;
         let message = match isolate(|| self.forward(&plan)) {
             Ok(result) => {
@@ -205,7 +208,9 @@ impl SchedulerState {
         };
         if self.model.info().linear_layers > 0 || plan.len() == 1 {
             // One sequence is the culprit; a recurrent state cannot be rolled back.
-            return failed_all(&format!("the model failed on this request's step ({message})"));
+            return failed_all(&format!(
+                "the model failed on this request's step ({message})"
+            ));
         }
         // Roll back and run each alone: the culprits fail, the rest go on.
         self.stats.prefill_tokens = prefill_before;
@@ -242,7 +247,10 @@ impl SchedulerState {
             .iter()
             .map(|w| {
                 let id = self.running[w.seq()].id;
-                (id, format!("sampling failed on this request's step ({message})"))
+                (
+                    id,
+                    format!("sampling failed on this request's step ({message})"),
+                )
             })
             .collect();
         tracing::error!(requests = ?ids.iter().map(|i| i.0).collect::<Vec<_>>(), %message, "sampling panicked");

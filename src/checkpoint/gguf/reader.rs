@@ -777,7 +777,10 @@ mod tests {
         w.kv("deep", v);
         assert!(matches!(
             parse(&w.to_bytes()),
-            Err(GgufError::Limit { limit: MAX_ARRAY_DEPTH, .. })
+            Err(GgufError::Limit {
+                limit: MAX_ARRAY_DEPTH,
+                ..
+            })
         ));
         // Hand-written: a million nested one-element arrays (12 bytes a level)
         // would overflow the stack of a parser that only checked bytes left.
@@ -813,7 +816,10 @@ mod tests {
         bytes.resize(bytes.len() + n, 0);
         assert!(matches!(
             parse(&bytes),
-            Err(GgufError::Limit { limit: MAX_METADATA_VALUES, .. })
+            Err(GgufError::Limit {
+                limit: MAX_METADATA_VALUES,
+                ..
+            })
         ));
     }
 
