@@ -518,7 +518,7 @@ fn gguf_bytes(p: &GgufParts) -> Vec<u8> {
         b.extend_from_slice(&ty.to_le_bytes());
         b.extend_from_slice(&offset.to_le_bytes());
     }
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     b.extend((0..p.tail).map(|i| (i * 7) as u8));

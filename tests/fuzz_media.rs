@@ -241,7 +241,7 @@ fn mutated(seed: usize, muts: &[Mutation]) -> Vec<u8> {
     for m in muts {
         apply(&mut b, m);
     }
-    if seed % 4 != 0 {
+    if !seed.is_multiple_of(4) {
         fix_png_crcs(&mut b);
     }
     b
@@ -317,9 +317,9 @@ fn header_sizes_past_the_limits_are_refused_before_decoding() {
         let mut b = png.clone();
         b[16..20].copy_from_slice(&w.to_be_bytes());
         b[20..24].copy_from_slice(&h.to_be_bytes());
-        let e = process_image_bytes(&b, &ImageProcessorConfig::kimi_k25())
-            .err()
-            .expect("refused");
+        let Err(e) = process_image_bytes(&b, &ImageProcessorConfig::kimi_k25()) else {
+            panic!("a {w}x{h} header is accepted");
+        };
         assert!(KINDS.contains(&e.kind()), "{e}");
     }
 }

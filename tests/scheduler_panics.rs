@@ -9,7 +9,9 @@
 //! the tokens it gives alone, every page comes back, the panic is counted,
 //! and later requests run. On a hybrid (KDA) model, whose recurrent states
 //! cannot be rolled back, every request of the panicking step fails and the
-//! scheduler goes on serving. Through the gateway, the victim gets a 500
+//! scheduler goes on serving. A panic outside the forward (here in
+//! admission, from [`PanicsOnNewState`]) fails every request the scheduler
+//! holds and the engine's thread lives on. Through the gateway, the victim gets a 500
 //! `internal_error`, `/metrics` counts the panic in `caracal_panics_total`,
 //! and the next request is answered.
 
@@ -58,6 +60,36 @@ impl CausalLm for PanicsOnToken {
             panic!("injected fault: token {} in the batch", self.token);
         }
         out
+    }
+}
+
+/// A real model whose `new_state` (called when a request is admitted)
+/// panics while `armed`: a panic outside the forward.
+struct PanicsOnNewState {
+    /// The fixture model every call goes to.
+    inner: Arc<dyn CausalLm>,
+    /// Whether the next admissions panic.
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl CausalLm for PanicsOnNewState {
+    fn info(&self) -> &ModelInfo {
+        self.inner.info()
+    }
+
+    fn new_state(&self) -> SeqState {
+        if self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("injected fault: admission");
+        }
+        self.inner.new_state()
+    }
+
+    fn forward(
+        &self,
+        cache: &mut KvPool,
+        batch: &mut [SeqBatch<'_>],
+    ) -> Result<Vec<f32>, EngineError> {
+        self.inner.forward(cache, batch)
     }
 }
 
@@ -329,4 +361,63 @@ async fn the_gateway_answers_a_panic_with_internal_error_and_counts_it() {
     );
     let _ = stop.send(());
     server.await.expect("serve task").expect("serve returns");
+}
+
+#[test]
+fn a_panic_outside_the_forward_fails_the_held_requests_and_the_engine_lives() {
+    use caracal_actors::runtime::{Engine, EngineConfig};
+    use std::sync::atomic::Ordering;
+
+    let inner = load("tiny-llama");
+    let mut alone = scheduler(inner.clone());
+    let (alone_ids, _) = run_together(&mut alone, vec![greedy(BYSTANDER.to_vec(), 8)]).remove(0);
+    let model = Arc::new(PanicsOnNewState {
+        inner,
+        armed: true.into(),
+    });
+    let engine = Engine::start(model.clone(), EngineConfig::default(), None);
+    // `None`: the stream closed without a final event.
+    let read = |mut rx: mpsc::Receiver<TokenEvent>| {
+        let mut ids = Vec::new();
+        while let Some(ev) = rx.blocking_recv() {
+            match ev {
+                TokenEvent::Token { id } => ids.push(id),
+                TokenEvent::Finished { .. } => return (ids, Some(Ok(()))),
+                TokenEvent::Error { kind, message } => return (ids, Some(Err((kind, message)))),
+            }
+        }
+        (ids, None)
+    };
+    let victim = engine.try_submit(greedy(vec![3, 4, 5], 8)).expect("queued");
+    let (ids, end) = read(victim.events);
+    assert!(ids.is_empty());
+    // The request was out of the queue and not yet running when admission
+    // panicked: its stream ends (the gateway answers that with
+    // internal_error); a request still held would get internal_error here.
+    match end {
+        None => {}
+        Some(Err((kind, message))) => {
+            assert_eq!(kind, ErrorKind::InternalError);
+            assert!(message.contains("injected fault: admission"), "{message}");
+        }
+        Some(Ok(())) => panic!("the victim finished"),
+    }
+
+    model.armed.store(false, Ordering::SeqCst);
+    let later = engine
+        .try_submit(greedy(BYSTANDER.to_vec(), 8))
+        .expect("queued");
+    let (ids, end) = read(later.events);
+    assert_eq!(end, Some(Ok(())), "the engine's thread still serves");
+    assert_eq!(ids, alone_ids);
+    let stats = engine.stats().expect("the scheduler answers");
+    assert_eq!(stats.scheduler.panics, 1);
+    assert_eq!(stats.scheduler.running, 0);
+    assert_eq!(
+        stats.scheduler.waiting, 0,
+        "the refused request gave its slot back"
+    );
+    let m = stats.memory;
+    assert_eq!(m.cached_pages, m.evictable_pages, "{m:?}");
+    assert_eq!(m.free_pages + m.cached_pages, m.total_pages, "{m:?}");
 }

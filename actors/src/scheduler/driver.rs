@@ -30,7 +30,11 @@
 //!   the step fails;
 //! - anywhere else in a step or a command ([`run`]): the scheduler's state
 //!   can no longer be trusted mid-way, so every request it holds fails and
-//!   it carries on with an empty batch.
+//!   it carries on with an empty batch; if the panic lost pages (taken for
+//!   a request but not yet recorded), session memory starts afresh, its
+//!   prefix cache and pins dropped. A request the panicking code had in
+//!   hand, in neither the queue nor the batch, sees its stream end without
+//!   a final event (the gateway answers that with `internal_error`).
 //!
 //! Failing a request gives its pages and prefix lock back and caches
 //! nothing (so no session pin is added); each caught panic is counted in
@@ -49,6 +53,7 @@ use tokio::sync::mpsc::{self, error::TryRecvError};
 use super::{SchedulerState, StepOutcome, Work};
 use crate::engine::EngineError;
 use crate::messages::{ErrorKind, RequestId, SchedulerCommand};
+use crate::session_memory::SessionMemory;
 
 /// Longest sleep of a paused scheduler without any wake-up (default 20 ms):
 /// a safety net only, since commands and reading clients wake it at once.
@@ -283,6 +288,15 @@ impl SchedulerState {
             self.refuse(w.events, ErrorKind::InternalError, text.clone());
         }
         self.gate.release(gone);
+        // Nothing runs now, so every page must be free or cached. A panic
+        // between taking a request's pages and recording them (admission,
+        // finishing) loses them: start the memory afresh rather than serve
+        // with pages that never come back. The prefix cache and session
+        // pins go with it (later turns prefill again).
+        if let Err(leak) = self.memory.check_quiescent() {
+            tracing::error!(%leak, "session memory is inconsistent after the panic; starting it afresh");
+            self.memory = SessionMemory::new(self.memory.config().clone());
+        }
         if let Some(tx) = &self.publish {
             tx.send_replace(self.engine_stats());
         }
