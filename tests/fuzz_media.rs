@@ -248,7 +248,7 @@ fn mutated(seed: usize, muts: &[Mutation]) -> Vec<u8> {
 }
 
 proptest! {
-    #![proptest_config(fuzz_support::config(200))]
+    #![proptest_config(fuzz_support::config(1000))]
 
     #[test]
     fn mutated_images_decode_or_fail_with_a_typed_error(

@@ -599,7 +599,7 @@ fn check<S: Strategy>(
 /// idle check at the end sees all of their work finished.
 #[test]
 fn client_input_gets_answers_or_typed_errors_and_leaks_nothing() {
-    check("http bodies", 120, body(), |b| http_body_case(&b));
+    check("http bodies", 200, body(), |b| http_body_case(&b));
     let seen: Vec<u64> = SEEN
         .iter()
         .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))

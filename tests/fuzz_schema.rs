@@ -402,7 +402,7 @@ fn picks() -> impl Strategy<Value = Vec<u16>> {
 }
 
 proptest! {
-    #![proptest_config(fuzz_support::config(64))]
+    #![proptest_config(fuzz_support::config(128))]
 
     #[test]
     fn any_schema_compiles_or_fails_with_a_typed_error(s in schema(), p in picks()) {

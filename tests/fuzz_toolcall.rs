@@ -169,7 +169,7 @@ fn hermes(text: &str, sizes: &[usize]) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(fuzz_support::config(300))]
+    #![proptest_config(fuzz_support::config(1000))]
 
     #[test]
     fn k2_parser_is_split_invariant_and_never_panics(text in output(K2_MARKERS), sizes in cuts()) {
