@@ -1006,6 +1006,31 @@ fn huge_config_dims_are_refused_when_the_config_is_read() {
     );
 }
 
+/// Found by `soak_model_files`: a llama GGUF whose
+/// `llama.attention.head_count` is u32::MAX-scale overflowed `2 * n_head`
+/// while un-permuting the q/k rows at import.
+#[test]
+fn a_huge_head_count_in_a_gguf_is_an_import_error() {
+    for key in ["llama.attention.head_count", "llama.attention.head_count_kv"] {
+        let (mut kv, tensors) = llama_gguf();
+        for (k, v) in &mut kv {
+            if k == key {
+                *v = Kv::U64(u64::MAX);
+            }
+        }
+        let dir = scratch();
+        let path = dir.join("m.gguf");
+        std::fs::write(&path, llama_gguf_bytes(&kv, &tensors)).expect("write");
+        let opts = caracal::checkpoint::gguf::ImportOptions {
+            dtype: caracal::checkpoint::gguf::OutDtype::F32,
+            progress: false,
+        };
+        let r = caracal::checkpoint::gguf::import_gguf(&path, &dir.join("out"), &opts);
+        assert!(r.is_err(), "{key} = u64::MAX imports");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 #[test]
 #[ignore = "long run: FUZZ_SECS=600 cargo test --release --test fuzz_checkpoint -- --ignored"]
 fn soak_model_files() {
