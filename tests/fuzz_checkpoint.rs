@@ -1011,7 +1011,10 @@ fn huge_config_dims_are_refused_when_the_config_is_read() {
 /// while un-permuting the q/k rows at import.
 #[test]
 fn a_huge_head_count_in_a_gguf_is_an_import_error() {
-    for key in ["llama.attention.head_count", "llama.attention.head_count_kv"] {
+    for key in [
+        "llama.attention.head_count",
+        "llama.attention.head_count_kv",
+    ] {
         let (mut kv, tensors) = llama_gguf();
         for (k, v) in &mut kv {
             if k == key {

@@ -207,7 +207,8 @@ pub fn hf_llama_name(gguf_name: &str) -> Result<String> {
 pub fn unpermute_rows(w: &[f32], rows: usize, cols: usize, n_head: usize) -> Result<Vec<f32>> {
     // `n_head` comes from the file's metadata: a huge one is an error, not an overflow.
     let pair_rows = n_head.checked_mul(2).filter(|&m| m > 0);
-    if pair_rows.is_none_or(|m| !rows.is_multiple_of(m)) || rows.checked_mul(cols) != Some(w.len()) {
+    if pair_rows.is_none_or(|m| !rows.is_multiple_of(m)) || rows.checked_mul(cols) != Some(w.len())
+    {
         return Err(GgufError::BadTensor {
             tensor: "(q/k projection)".into(),
             reason: format!(
