@@ -591,9 +591,14 @@ impl Kv {
     }
 }
 
-/// The metadata and F32 tensors (name, dims innermost first) of a tiny
-/// llama GGUF: hidden 4, 2 heads, 1 layer, feed-forward 8, 8 tokens.
-fn llama_gguf() -> (Vec<(String, Kv)>, Vec<(String, Vec<u64>)>) {
+/// Metadata key/values in file order.
+type Metadata = Vec<(String, Kv)>;
+/// F32 tensors: name and dims (innermost first).
+type Tensors = Vec<(String, Vec<u64>)>;
+
+/// The metadata and F32 tensors of a tiny llama GGUF: hidden 4, 2 heads,
+/// 1 layer, feed-forward 8, 8 tokens.
+fn llama_gguf() -> (Metadata, Tensors) {
     let s = |v: &str| Kv::Str(v.into());
     let tokens: Vec<String> = ["a", "b", "c", "ab", "Ġ", "Ġa", "<s>", "</s>"]
         .map(String::from)
