@@ -363,6 +363,9 @@ pub struct SchedulerStats {
     pub cancelled: u64,
     /// Requests finished.
     pub finished: u64,
+    /// Panics caught in the scheduler (a model's forward, sampling, a
+    /// step); the requests behind each ended with `internal_error`.
+    pub panics: u64,
 }
 
 /// SessionMemory counters.

@@ -154,6 +154,11 @@ impl SessionMemory {
         self.pages.num_pages()
     }
 
+    /// The settings it was made with.
+    pub fn config(&self) -> &MemoryConfig {
+        &self.cfg
+    }
+
     fn drop_snapshots(&mut self, ids: &[SnapshotId]) {
         for id in ids {
             self.snapshots.remove(id);

@@ -186,6 +186,15 @@ impl Checkpoint {
                 .collect();
             names.sort();
             names.dedup();
+            // Shards are files beside the index: a name that climbs out of the
+            // folder (`../x`, `/etc/x`) is a bad index, not a path to follow.
+            if let Some(bad) = names.iter().find(|n| !is_plain_file_name(n)) {
+                return Err(Error::BadFile {
+                    what: "safetensors index",
+                    path: index.clone(),
+                    detail: format!("shard {bad:?} is not a file name in the model folder"),
+                });
+            }
             names
         } else if single.exists() {
             vec!["model.safetensors".into()]
@@ -222,16 +231,12 @@ impl Checkpoint {
             };
             let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map[..])
                 .map_err(|e| bad(e.to_string()))?;
-            let base = 8 + header_len;
             for (tname, info) in meta.tensors() {
-                let (start, end) = info.data_offsets;
-                let entry = TensorEntry {
-                    shard: i,
-                    dtype: StoredDType::from_safetensors(info.dtype),
-                    shape: info.shape.clone(),
-                    offset: base + start,
-                    len: end - start,
-                };
+                let entry = tensor_entry(i, header_len, map.len(), info)
+                    .map_err(|detail| bad(format!("tensor {tname:?}: {detail}")))?;
+                if tensors.contains_key(&tname) {
+                    return Err(bad(format!("tensor {tname:?} is also in another shard")));
+                }
                 tensors.insert(tname, entry);
             }
             shards.push(Arc::new(MappedFile(map)) as SharedBytes);
@@ -272,7 +277,16 @@ impl Checkpoint {
     /// The raw bytes of a tensor.
     pub fn bytes(&self, name: &str) -> Result<&[u8]> {
         let e = self.entry(name)?;
-        Ok(&(*self.shards[e.shard]).as_ref()[e.offset..e.offset + e.len])
+        // In range by construction (`tensor_entry`); `get` keeps it an error
+        // rather than a panic should an entry ever be built another way.
+        (*self.shards[e.shard])
+            .as_ref()
+            .get(e.offset..e.offset + e.len)
+            .ok_or_else(|| Error::BadFile {
+                what: "safetensors file",
+                path: self.dir.join(&self.shard_names[e.shard]),
+                detail: format!("tensor {name:?} lies outside the file"),
+            })
     }
 
     /// Storage borrowing a tensor's bytes (copied only when misaligned).
@@ -619,6 +633,65 @@ impl Checkpoint {
     pub fn total_bytes(&self) -> usize {
         self.tensors.values().map(|e| e.len).sum()
     }
+}
+
+/// Whether `name` names a file directly inside a folder (no separators, not
+/// `.` or `..`, not absolute).
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\'])
+        && Path::new(name).file_name() == Some(std::ffi::OsStr::new(name))
+}
+
+/// The entry of one tensor of shard `shard`, checked against the file before
+/// any of its bytes is read: its data lies inside the file (`file_len`
+/// bytes, with `header_len` bytes of JSON after the 8-byte length), and
+/// its byte length is its shape's element count times its dtype's size.
+/// The safetensors crate checks the same on parsing; the checks are
+/// repeated here because the mapped bytes are read on the strength of
+/// them, and an out-of-range read of a map is a SIGBUS, not an error.
+fn tensor_entry(
+    shard: usize,
+    header_len: usize,
+    file_len: usize,
+    info: &safetensors::tensor::TensorInfo,
+) -> std::result::Result<TensorEntry, String> {
+    let (start, end) = info.data_offsets;
+    let base = header_len
+        .checked_add(8)
+        .ok_or("the header length overflows")?;
+    let (offset, stop) = match (base.checked_add(start), base.checked_add(end)) {
+        (Some(o), Some(s)) if start <= end && s <= file_len => (o, s),
+        _ => {
+            return Err(format!(
+                "data offsets [{start}, {end}) after the {base}-byte header run past the end of the file ({file_len} bytes)"
+            ))
+        }
+    };
+    let dtype = StoredDType::from_safetensors(info.dtype);
+    let numel = info
+        .shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| format!("shape {:?} overflows", info.shape))?;
+    if dtype.size() > 0 && numel.checked_mul(dtype.size()) != Some(stop - offset) {
+        return Err(format!(
+            "shape {:?} of {} needs {} bytes, the offsets give {}",
+            info.shape,
+            dtype.name(),
+            numel.saturating_mul(dtype.size()),
+            stop - offset
+        ));
+    }
+    Ok(TensorEntry {
+        shard,
+        dtype,
+        shape: info.shape.clone(),
+        offset,
+        len: stop - offset,
+    })
 }
 
 /// What a u8 tensor of an MXFP4 checkpoint holds, judged by its name.

@@ -238,6 +238,12 @@ impl Metrics {
                 "Prompt tokens computed (not from cache).",
                 s.prefill_tokens,
             );
+            counter(
+                &mut out,
+                "caracal_panics_total",
+                "Panics caught in the scheduler; the requests behind each got internal_error.",
+                s.panics,
+            );
         }
         if let Some(m) = &engine.memory {
             let used = m.total_pages.saturating_sub(m.free_pages) as u64;

@@ -504,15 +504,17 @@ impl SchedulerState {
             // The masks of this step's samples need only the tokens already
             // consumed: they are computed while the forward runs.
             let masks = self.start_masks(&plan);
-            let result = self.forward(&plan);
+            // A panic fails only the requests behind it (driver.rs).
+            let run = self.forward_isolated(plan);
             let masks = self.join_masks(masks);
-            match result {
-                Ok(logits) => {
-                    let ended = self.sample(&plan, &logits, masks);
-                    self.finish(ended);
-                }
-                Err(e) => self.fail_plan(&plan, &e),
+            match run.result {
+                Ok(logits) => match driver::isolate(|| self.sample(&run.plan, &logits, masks)) {
+                    Ok(ended) => self.finish(ended),
+                    Err(message) => self.fail_sampling_panic(&run.plan, &message),
+                },
+                Err(e) => self.fail_plan(&run.plan, &e),
             }
+            self.fail_ids(run.failed);
         }
         if let Some(tx) = &self.publish {
             tx.send_replace(self.engine_stats());

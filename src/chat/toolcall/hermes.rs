@@ -390,10 +390,12 @@ impl HermesStreamParser {
     /// Ends the current call at `</tool_call>` (or the end of the stream).
     fn close_call(&mut self, events: &mut Vec<ParseEvent>) {
         let Some(call) = self.call.take() else { return };
+        // Only a call that starts takes an index: clients index `tool_calls`
+        // by it, so a malformed block must not leave a hole before the next.
         let index = self.next_index;
-        self.next_index += 1;
         match call.started {
             Some((_, at)) => {
+                self.next_index += 1;
                 let args = &call.buf[at..];
                 let tail = &args[call.streamed..];
                 let rest = tail.trim();
@@ -409,6 +411,7 @@ impl HermesStreamParser {
             }
             None => match serde_json::from_str::<Value>(call.buf.trim()) {
                 Ok(Value::Object(o)) if o.get("name").is_some_and(Value::is_string) => {
+                    self.next_index += 1;
                     let name = o["name"].as_str().unwrap_or_default().to_string();
                     events.push(ParseEvent::ToolCallStart {
                         index,

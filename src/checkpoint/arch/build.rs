@@ -191,7 +191,73 @@ pub(super) fn parse(config: &Value, ckpt: Option<&Checkpoint>) -> Result<Arch> {
     if matches!(model_type, ModelType::KimiK25 | ModelType::KimiK3) {
         arch.vision_config = VisionConfig::from_config(config, arch.hidden_size)?;
     }
+    check_dims(&arch)?;
     Ok(arch)
+}
+
+/// Largest width, head count, expert count or vocabulary a config may
+/// declare: 2^24 (16,777,216; the largest published, vocabularies, are
+/// near 2^18). Bounded so that sums and products of two dims, which the
+/// loaders and planners compute, cannot overflow.
+pub const MAX_DIM: usize = 1 << 24;
+
+/// Longest context a config may declare: 2^30 tokens.
+pub const MAX_CONTEXT: usize = 1 << 30;
+
+/// Refuses dims past [`MAX_DIM`] (and a context past [`MAX_CONTEXT`]),
+/// naming the key.
+fn check_dims(a: &Arch) -> Result<()> {
+    let mut dims: Vec<(&str, usize)> = vec![
+        ("vocab_size", a.vocab_size),
+        ("hidden_size", a.hidden_size),
+        ("intermediate_size", a.intermediate_size),
+        ("num_nextn_predict_layers", a.mtp_layers),
+    ];
+    if let Some(g) = &a.gqa {
+        dims.extend([
+            ("num_attention_heads", g.heads),
+            ("num_key_value_heads", g.kv_heads),
+            ("head_dim", g.head_dim),
+        ]);
+    }
+    if let Some(m) = &a.mla {
+        dims.extend([
+            ("num_attention_heads", m.heads),
+            ("q_lora_rank", m.q_lora_rank.unwrap_or(0)),
+            ("kv_lora_rank", m.kv_lora_rank),
+            ("qk_nope_head_dim", m.qk_nope_head_dim),
+            ("qk_rope_head_dim", m.qk_rope_head_dim),
+            ("v_head_dim", m.v_head_dim),
+        ]);
+    }
+    if let Some(k) = &a.kda {
+        dims.extend([
+            ("linear_attn_config.num_heads", k.heads),
+            ("linear_attn_config.head_dim", k.head_dim),
+            ("linear_attn_config.short_conv_kernel_size", k.conv_kernel),
+        ]);
+    }
+    if let Some(m) = &a.moe {
+        dims.extend([
+            ("n_routed_experts", m.experts),
+            ("n_shared_experts", m.shared),
+            ("moe_intermediate_size", m.intermediate),
+            ("routed_expert_hidden_size", m.latent.unwrap_or(0)),
+        ]);
+    }
+    if let Some(b) = a.attn_res_block_size {
+        dims.push(("attn_res_block_size", b));
+    }
+    if let Some((key, v)) = dims.into_iter().find(|&(_, v)| v > MAX_DIM) {
+        return bad(format!("`{key}` must be <= {MAX_DIM}, got {v}"));
+    }
+    if a.max_position > MAX_CONTEXT {
+        return bad(format!(
+            "`max_position_embeddings` must be <= {MAX_CONTEXT}, got {}",
+            a.max_position
+        ));
+    }
+    Ok(())
 }
 
 /// An [`Arch`] with the shared fields set; the caller fills in the rest.

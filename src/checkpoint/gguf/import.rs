@@ -205,7 +205,10 @@ pub fn hf_llama_name(gguf_name: &str) -> Result<String> {
 /// rotary half, i < d) at row `2i + t`. This puts it back: numpy
 /// `w.reshape(n_head, d, 2, cols).swapaxes(1, 2).reshape(rows, cols)`.
 pub fn unpermute_rows(w: &[f32], rows: usize, cols: usize, n_head: usize) -> Result<Vec<f32>> {
-    if n_head == 0 || !rows.is_multiple_of(2 * n_head) || w.len() != rows * cols {
+    // `n_head` comes from the file's metadata: a huge one is an error, not an overflow.
+    let pair_rows = n_head.checked_mul(2).filter(|&m| m > 0);
+    if pair_rows.is_none_or(|m| !rows.is_multiple_of(m)) || rows.checked_mul(cols) != Some(w.len())
+    {
         return Err(GgufError::BadTensor {
             tensor: "(q/k projection)".into(),
             reason: format!(

@@ -97,6 +97,15 @@ pub enum GgufError {
         /// The type id found.
         type_id: u32,
     },
+    /// The header asks for more than the reader allows (metadata values,
+    /// array nesting): a corrupt or hostile file, refused before allocating.
+    #[error("{what} exceeds the reader's limit of {limit}")]
+    Limit {
+        /// What was being counted.
+        what: String,
+        /// The bound in force.
+        limit: usize,
+    },
     /// `general.alignment` is zero, not a power of two, or not an integer.
     #[error("invalid general.alignment {0}")]
     BadAlignment(u64),

@@ -312,12 +312,14 @@ impl GgmlType {
     }
 
     /// Bytes that `n_elements` weights of this type take, or `None` when `n_elements`
-    /// is not a whole number of blocks.
+    /// is not a whole number of blocks or the byte count does not fit in a u64
+    /// (a corrupt file's dims: the reader turns it into an error, not a wrap).
     pub fn bytes_for(self, n_elements: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        n_elements
-            .is_multiple_of(bs)
-            .then(|| n_elements / bs * self.type_size() as u64)
+        if !n_elements.is_multiple_of(bs) {
+            return None;
+        }
+        (n_elements / bs).checked_mul(self.type_size() as u64)
     }
 }
 
@@ -843,5 +845,6 @@ mod tests {
         assert_eq!(GgmlType::Q4_K.bytes_for(256), Some(144));
         assert_eq!(GgmlType::Q6_K.bytes_for(512), Some(420));
         assert_eq!(GgmlType::Q8_0.bytes_for(33), None);
+        assert_eq!(GgmlType::F32.bytes_for(1 << 62), None, "overflow is None");
     }
 }

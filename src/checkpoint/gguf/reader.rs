@@ -16,7 +16,12 @@
 //!
 //! Every read is bounds-checked against the file length, and every count is checked
 //! against the bytes left before anything is allocated, so a corrupt or truncated
-//! file gives an error, never a panic or a huge allocation.
+//! file gives an error, never a panic or a huge allocation. Metadata is bounded
+//! twice more, since each value becomes a [`GgufValue`] of 32 bytes however few
+//! bytes it took on disk: at most [`MAX_METADATA_VALUES`] values in all, and
+//! arrays nested at most [`MAX_ARRAY_DEPTH`] deep (the parser recurses per level).
+//! Tensor byte sizes are computed with checked arithmetic and must lie inside
+//! the file.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -35,6 +40,12 @@ const GGUF_MAGIC: u32 = 0x4655_4747;
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// ggml's `GGML_MAX_DIMS`.
 const MAX_DIMS: u32 = 4;
+/// Most metadata values (array elements included) a file may hold: 4,194,304,
+/// about 25 times the largest tokenizer in use (Kimi's 163,840 tokens, their
+/// types and merges); at 32 bytes a value that bounds metadata to 128 MiB.
+pub const MAX_METADATA_VALUES: usize = 1 << 22;
+/// Deepest nesting of metadata arrays (llama.cpp writes at most 2).
+pub const MAX_ARRAY_DEPTH: usize = 8;
 
 /// One tensor's description from the tensor table.
 #[derive(Debug, Clone, PartialEq)]
@@ -287,6 +298,8 @@ struct Cursor<'a> {
     bytes: &'a [u8],
     /// Offset of the next read.
     pos: usize,
+    /// Metadata values that may still be read ([`MAX_METADATA_VALUES`]).
+    values_left: usize,
 }
 
 impl<'a> Cursor<'a> {
@@ -358,7 +371,20 @@ impl<'a> Cursor<'a> {
         String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::InvalidUtf8(what.to_string()))
     }
 
-    fn value(&mut self, t: GgufValueType, key: &str) -> Result<GgufValue> {
+    /// Reserves `n` of the file's metadata values ([`MAX_METADATA_VALUES`]).
+    fn spend_values(&mut self, n: usize, key: &str) -> Result<()> {
+        self.values_left = self
+            .values_left
+            .checked_sub(n)
+            .ok_or_else(|| GgufError::Limit {
+                what: format!("the metadata values (at key {key:?})"),
+                limit: MAX_METADATA_VALUES,
+            })?;
+        Ok(())
+    }
+
+    /// One value of type `t`; `depth` counts the arrays it is nested in.
+    fn value(&mut self, t: GgufValueType, key: &str, depth: usize) -> Result<GgufValue> {
         use GgufValueType as T;
         Ok(match t {
             T::U8 => GgufValue::U8(self.u8(key)?),
@@ -374,6 +400,12 @@ impl<'a> Cursor<'a> {
             T::I64 => GgufValue::I64(i64::from_le_bytes(self.array(key)?)),
             T::F64 => GgufValue::F64(f64::from_le_bytes(self.array(key)?)),
             T::Array => {
+                if depth >= MAX_ARRAY_DEPTH {
+                    return Err(GgufError::Limit {
+                        what: format!("the array nesting of key {key:?}"),
+                        limit: MAX_ARRAY_DEPTH,
+                    });
+                }
                 let tag = self.u32(key)?;
                 let elem_type =
                     GgufValueType::from_tag(tag).ok_or(GgufError::UnknownValueType {
@@ -389,9 +421,10 @@ impl<'a> Cursor<'a> {
                     T::Array => 12,
                 };
                 let n = self.count(min_size, key)?;
+                self.spend_values(n, key)?;
                 let mut values = Vec::with_capacity(n);
                 for _ in 0..n {
-                    values.push(self.value(elem_type, key)?);
+                    values.push(self.value(elem_type, key, depth + 1)?);
                 }
                 GgufValue::Array(GgufArray { elem_type, values })
             }
@@ -401,7 +434,11 @@ impl<'a> Cursor<'a> {
 
 /// Parses header, metadata and tensor table out of the whole file's bytes.
 fn parse(bytes: &[u8]) -> Result<Parsed> {
-    let mut c = Cursor { bytes, pos: 0 };
+    let mut c = Cursor {
+        bytes,
+        pos: 0,
+        values_left: MAX_METADATA_VALUES,
+    };
     let magic = c.u32("magic")?;
     if magic != GGUF_MAGIC {
         return Err(GgufError::BadMagic(magic));
@@ -418,6 +455,7 @@ fn parse(bytes: &[u8]) -> Result<Parsed> {
     let n_tensors_at = c.pos;
     let n_tensors = c.u64("tensor count")?;
     let n_kv = c.count(13, "metadata key/value")?;
+    c.spend_values(n_kv, "(the key/value count)")?;
     let mut metadata = Vec::with_capacity(n_kv);
     for _ in 0..n_kv {
         let key = c.string("metadata key")?;
@@ -426,7 +464,7 @@ fn parse(bytes: &[u8]) -> Result<Parsed> {
             key: key.clone(),
             type_id: tag,
         })?;
-        let value = c.value(t, &key)?;
+        let value = c.value(t, &key, 0)?;
         metadata.push((key, value));
     }
     let n_tensors = usize::try_from(n_tensors)
@@ -515,10 +553,12 @@ fn parse(bytes: &[u8]) -> Result<Parsed> {
                 r.ggml_type.block_size()
             )));
         }
-        let n_bytes = r
-            .ggml_type
-            .bytes_for(n_elements)
-            .expect("ne0 is a multiple of the block size");
+        let n_bytes = r.ggml_type.bytes_for(n_elements).ok_or_else(|| {
+            bad(format!(
+                "dims {:?} of {} take more bytes than a u64 counts",
+                r.dims, r.ggml_type
+            ))
+        })?;
         if r.offset % alignment != 0 {
             return Err(bad(format!(
                 "offset {} is not a multiple of the alignment {alignment}",
@@ -719,6 +759,78 @@ mod tests {
         let mut huge = good.clone();
         huge[16..24].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
         assert!(matches!(parse(&huge), Err(GgufError::Truncated { .. })));
+    }
+
+    #[test]
+    fn deep_array_nesting_is_refused_before_recursing() {
+        let mut v = GgufValue::Array(GgufArray {
+            elem_type: GgufValueType::U8,
+            values: vec![],
+        });
+        for _ in 0..MAX_ARRAY_DEPTH {
+            v = GgufValue::Array(GgufArray {
+                elem_type: GgufValueType::Array,
+                values: vec![v],
+            });
+        }
+        let mut w = GgufWriter::new(3);
+        w.kv("deep", v);
+        assert!(matches!(
+            parse(&w.to_bytes()),
+            Err(GgufError::Limit {
+                limit: MAX_ARRAY_DEPTH,
+                ..
+            })
+        ));
+        // Hand-written: a million nested one-element arrays (12 bytes a level)
+        // would overflow the stack of a parser that only checked bytes left.
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(b"GGUF");
+        bytes.extend_from_slice(&3u32.to_le_bytes());
+        bytes.extend_from_slice(&0u64.to_le_bytes());
+        bytes.extend_from_slice(&1u64.to_le_bytes());
+        bytes.extend_from_slice(&1u64.to_le_bytes());
+        bytes.push(b'k');
+        bytes.extend_from_slice(&9u32.to_le_bytes());
+        for _ in 0..1_000_000 {
+            bytes.extend_from_slice(&9u32.to_le_bytes());
+            bytes.extend_from_slice(&1u64.to_le_bytes());
+        }
+        assert!(matches!(parse(&bytes), Err(GgufError::Limit { .. })));
+    }
+
+    #[test]
+    fn metadata_value_count_is_bounded_before_allocating() {
+        // 5M one-byte values fit the file's bytes but not the value budget.
+        let n = MAX_METADATA_VALUES + 1;
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(b"GGUF");
+        bytes.extend_from_slice(&3u32.to_le_bytes());
+        bytes.extend_from_slice(&0u64.to_le_bytes());
+        bytes.extend_from_slice(&1u64.to_le_bytes());
+        bytes.extend_from_slice(&1u64.to_le_bytes());
+        bytes.push(b'k');
+        bytes.extend_from_slice(&9u32.to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes());
+        bytes.extend_from_slice(&(n as u64).to_le_bytes());
+        bytes.resize(bytes.len() + n, 0);
+        assert!(matches!(
+            parse(&bytes),
+            Err(GgufError::Limit {
+                limit: MAX_METADATA_VALUES,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn tensor_dims_whose_byte_size_overflows_are_errors() {
+        let mut w = GgufWriter::new(3);
+        w.tensor("x", GgmlType::F32, &[1 << 31, 1 << 31], vec![0u8; 32]);
+        assert!(matches!(
+            parse(&w.to_bytes()),
+            Err(GgufError::BadTensor { .. })
+        ));
     }
 
     #[test]
