@@ -109,6 +109,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> ValidRequest {
         max_tokens,
         sampling: SamplingParams::greedy(),
         stop: StopConditions::default(),
+        ..Default::default()
     }
 }
 
@@ -120,7 +121,7 @@ fn drain(rx: &mut mpsc::Receiver<TokenEvent>) -> Outcome {
     let mut ids = Vec::new();
     while let Ok(ev) = rx.try_recv() {
         match ev {
-            TokenEvent::Token { id } => ids.push(id),
+            TokenEvent::Token { id, .. } => ids.push(id),
             TokenEvent::Finished { .. } => return (ids, Ok(())),
             TokenEvent::Error { kind, message } => return (ids, Err((kind, message))),
         }
@@ -381,7 +382,7 @@ fn a_panic_outside_the_forward_fails_the_held_requests_and_the_engine_lives() {
         let mut ids = Vec::new();
         while let Some(ev) = rx.blocking_recv() {
             match ev {
-                TokenEvent::Token { id } => ids.push(id),
+                TokenEvent::Token { id, .. } => ids.push(id),
                 TokenEvent::Finished { .. } => return (ids, Some(Ok(()))),
                 TokenEvent::Error { kind, message } => return (ids, Some(Err((kind, message)))),
             }
