@@ -11,10 +11,14 @@
 //! [`impl_moe_model!`] gives a model the [`caracal_actors::engine::MoeModel`]
 //! interface over its layers' [`Ffn`]s.
 //!
-//! Routed experts run locally by default; once an [`ExpertDispatch`] is set
-//! (expert shards, `--ep N`), the block sends its routed rows there. Both
-//! paths sum expert outputs in the router's order, so results do not depend
-//! on where experts run.
+//! Routed experts run locally by default, as one grouped operation
+//! ([`caracal_actors::engine::run_experts_local`]: rows gathered per expert
+//! into one buffer, experts spread over the worker threads, each expert's
+//! weights streamed once per step); once an [`ExpertDispatch`] is set
+//! (expert shards, `--ep N`), the block sends its routed rows there, and the
+//! shards run the same grouped kernel. Both paths sum expert outputs in the
+//! router's order, so results do not depend on where experts run. Shared
+//! experts run beside the routed group (`rayon::join`) and are added last.
 //!
 //! Kimi K3's **latent MoE** ([`LatentProj`], reference doc §4.1): the router
 //! scores the full-width `x`, but routed experts live in a narrower latent
