@@ -204,6 +204,12 @@ pub trait VisionTower: Send + Sync {
 pub trait ExpertFfn: Send + Sync {
     /// `[n, hidden] → [n, hidden]` (unweighted).
     fn forward(&self, x: &[f32]) -> Vec<f32>;
+
+    /// [`ExpertFfn::forward`] written into `out` (`[n, hidden]`); experts
+    /// that can write their last product in place override it.
+    fn forward_into(&self, x: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(&self.forward(x));
+    }
 }
 
 /// Runs the routed experts of one MoE layer for a batch of rows.
@@ -229,61 +235,191 @@ pub trait MoeModel: Send + Sync {
     fn set_expert_dispatch(&self, dispatch: Arc<dyn ExpertDispatch>);
 }
 
-/// Computes `Σ_k w_k · expert_k(x_r)` for every row locally, grouping rows
-/// by expert so each expert runs once; sums in `choices` order.
+/// The `(row, expert)` pairs of one MoE step grouped by expert, as flat index
+/// arrays (a counting sort by expert id): the rows of expert `experts[g]`
+/// are slots `offsets[g]..offsets[g + 1]`, in the order the pairs came.
+///
+/// This is the layout of the grouped expert compute ([`run_groups`]): the
+/// slots' input rows are gathered into one contiguous `[slots, hidden]`
+/// buffer, every expert runs once over its own contiguous range (its weights
+/// stream once per step), and outputs land in a `[slots, hidden]` buffer
+/// that [`ExpertGroups::pair_slot`] indexes by pair.
+#[derive(Debug, Clone, Default)]
+pub struct ExpertGroups {
+    /// Experts with at least one pair, ascending.
+    pub experts: Vec<usize>,
+    /// `experts.len() + 1` slot offsets.
+    pub offsets: Vec<usize>,
+    /// Input row of each slot.
+    pub slot_row: Vec<usize>,
+    /// Slot of each pair, in the order the pairs were given.
+    pub pair_slot: Vec<usize>,
+}
+
+impl ExpertGroups {
+    /// Groups `(row, expert)` pairs; the pair index is the iteration order.
+    pub fn new(pairs: impl Iterator<Item = (usize, usize)> + Clone) -> ExpertGroups {
+        let n_experts = pairs.clone().map(|(_, e)| e + 1).max().unwrap_or(0);
+        let mut count = vec![0usize; n_experts + 1];
+        let mut n_pairs = 0;
+        for (_, e) in pairs.clone() {
+            count[e + 1] += 1;
+            n_pairs += 1;
+        }
+        let experts: Vec<usize> = (0..n_experts).filter(|&e| count[e + 1] > 0).collect();
+        // count[e] becomes expert e's first slot (an exclusive prefix sum).
+        for e in 0..n_experts {
+            count[e + 1] += count[e];
+        }
+        let mut offsets = Vec::with_capacity(experts.len() + 1);
+        offsets.extend(experts.iter().map(|&e| count[e]));
+        offsets.push(n_pairs);
+        let mut slot_row = vec![0; n_pairs];
+        let mut pair_slot = Vec::with_capacity(n_pairs);
+        for (r, e) in pairs {
+            let s = count[e];
+            count[e] += 1;
+            slot_row[s] = r;
+            pair_slot.push(s);
+        }
+        ExpertGroups {
+            experts,
+            offsets,
+            slot_row,
+            pair_slot,
+        }
+    }
+
+    /// Every pair of `choices`, row-major, then `k`.
+    pub fn from_choices(choices: &[Vec<(usize, f32)>]) -> ExpertGroups {
+        ExpertGroups::new(
+            choices
+                .iter()
+                .enumerate()
+                .flat_map(|(r, c)| c.iter().map(move |&(e, _)| (r, e))),
+        )
+    }
+
+    /// Total slots (pairs).
+    pub fn slots(&self) -> usize {
+        self.slot_row.len()
+    }
+
+    /// The slots' input rows gathered from `x` (`[rows, hidden]`) into one
+    /// `[slots, hidden]` buffer.
+    pub fn gather(&self, x: &[f32], hidden: usize) -> Vec<f32> {
+        let mut xs = Vec::with_capacity(self.slots() * hidden);
+        for &r in &self.slot_row {
+            xs.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+        }
+        xs
+    }
+}
+
+/// Runs every group's expert over its slots: `ys[slots] = expert(xs[slots])`,
+/// both `[slots, hidden]` in slot order.
+///
+/// Experts are spread over the rayon pool, largest first. When no single
+/// expert holds more than a thread's share of the slots (decode: top-k
+/// experts of one or a few rows each), each expert runs serially on the
+/// thread that took it ([`caracal_kernels::threads::serial`]), so a step costs
+/// one fork-join instead of three per expert. A dominant expert (a long
+/// prefill routed mostly to one expert) keeps its matmuls' own parallelism.
+/// Either way every expert sees the same input rows in the same order and
+/// the kernels compute them identically, so outputs do not depend on the
+/// thread count or on which other experts run in the same call.
+pub fn run_groups<'a, F>(
+    groups: &ExpertGroups,
+    expert: F,
+    xs: &[f32],
+    hidden: usize,
+    ys: &mut [f32],
+) where
+    F: (Fn(usize) -> &'a dyn ExpertFfn) + Sync,
+{
+    use rayon::prelude::*;
+    assert_eq!(xs.len(), groups.slots() * hidden, "run_groups: xs size");
+    assert_eq!(ys.len(), groups.slots() * hidden, "run_groups: ys size");
+    let mut tasks: Vec<(usize, &[f32], &mut [f32])> = Vec::with_capacity(groups.experts.len());
+    let mut rest = ys;
+    for (g, &e) in groups.experts.iter().enumerate() {
+        let (a, b) = (groups.offsets[g] * hidden, groups.offsets[g + 1] * hidden);
+        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(b - a);
+        rest = tail;
+        tasks.push((e, &xs[a..b], mine));
+    }
+    let threads = rayon::current_num_threads().max(1);
+    if tasks.len() <= 1 || threads == 1 {
+        for (e, x, y) in tasks {
+            expert(e).forward_into(x, y);
+        }
+        return;
+    }
+    tasks.sort_by_key(|t| std::cmp::Reverse(t.1.len()));
+    let largest = tasks[0].1.len() / hidden.max(1);
+    let serial = largest * threads <= groups.slots();
+    tasks.into_par_iter().for_each(|(e, x, y)| {
+        if serial {
+            caracal_kernels::threads::serial(|| expert(e).forward_into(x, y));
+        } else {
+            expert(e).forward_into(x, y);
+        }
+    });
+}
+
+/// `Σ_k w_k · y_(r,k)` for every row, in `choices` order, where pair `p`
+/// (row-major over `choices`) reads output row `slot(p)` of `ys`
+/// (`[·, hidden]`). Starts each row from zero and adds the weighted rows
+/// in turn, the same arithmetic wherever the outputs were computed.
+pub fn combine(
+    ys: &[f32],
+    slot: impl Fn(usize) -> usize,
+    hidden: usize,
+    choices: &[Vec<(usize, f32)>],
+) -> Vec<f32> {
+    let mut y = vec![0.0; choices.len() * hidden];
+    let mut p = 0;
+    for (row, c) in y.chunks_exact_mut(hidden.max(1)).zip(choices) {
+        for &(_, w) in c {
+            let s = slot(p);
+            for (a, b) in row.iter_mut().zip(&ys[s * hidden..(s + 1) * hidden]) {
+                *a += w * b;
+            }
+            p += 1;
+        }
+    }
+    y
+}
+
+/// Computes `Σ_k w_k · expert_k(x_r)` for every row locally as one grouped
+/// operation ([`ExpertGroups`], [`run_groups`]); sums in `choices` order.
 pub fn run_experts_local(
     experts: &[Arc<dyn ExpertFfn>],
     x: &[f32],
     hidden: usize,
     choices: &[Vec<(usize, f32)>],
 ) -> Vec<f32> {
-    let outputs = expert_outputs(x, hidden, choices, |e| Some(experts[e].as_ref()));
-    combine(&outputs, hidden, choices)
+    let groups = ExpertGroups::from_choices(choices);
+    let xs = groups.gather(x, hidden);
+    let mut ys = vec![0.0; xs.len()];
+    run_groups(&groups, |e| experts[e].as_ref(), &xs, hidden, &mut ys);
+    combine(&ys, |p| groups.pair_slot[p], hidden, choices)
 }
 
-/// Per `(row, k)` unweighted expert outputs for the experts `get` returns
-/// (`None` = not computed here).
-pub fn expert_outputs<'a>(
+/// The plain form of [`run_experts_local`], the oracle of the grouped path:
+/// every `(row, k)` pair runs its expert on that one row, one after another.
+pub fn run_experts_per_row(
+    experts: &[Arc<dyn ExpertFfn>],
     x: &[f32],
-    hidden: usize,
-    choices: &[Vec<(usize, f32)>],
-    get: impl Fn(usize) -> Option<&'a dyn ExpertFfn>,
-) -> Vec<Vec<Option<Vec<f32>>>> {
-    let mut by_expert: std::collections::BTreeMap<usize, Vec<(usize, usize)>> = Default::default();
-    for (r, c) in choices.iter().enumerate() {
-        for (k, &(e, _)) in c.iter().enumerate() {
-            by_expert.entry(e).or_default().push((r, k));
-        }
-    }
-    let mut out: Vec<Vec<Option<Vec<f32>>>> = choices.iter().map(|c| vec![None; c.len()]).collect();
-    for (e, items) in by_expert {
-        let Some(expert) = get(e) else { continue };
-        let mut xs = Vec::with_capacity(items.len() * hidden);
-        for &(r, _) in &items {
-            xs.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
-        }
-        let y = expert.forward(&xs);
-        for (i, &(r, k)) in items.iter().enumerate() {
-            out[r][k] = Some(y[i * hidden..(i + 1) * hidden].to_vec());
-        }
-    }
-    out
-}
-
-/// Weighted sum of per-`(row, k)` outputs in `choices` order.
-pub fn combine(
-    outputs: &[Vec<Option<Vec<f32>>>],
     hidden: usize,
     choices: &[Vec<(usize, f32)>],
 ) -> Vec<f32> {
     let mut y = vec![0.0; choices.len() * hidden];
     for (r, c) in choices.iter().enumerate() {
-        let row = &mut y[r * hidden..(r + 1) * hidden];
-        for (k, &(_, w)) in c.iter().enumerate() {
-            let o = outputs[r][k]
-                .as_ref()
-                .expect("every chosen expert produced an output");
-            for (a, b) in row.iter_mut().zip(o) {
+        let xr = &x[r * hidden..(r + 1) * hidden];
+        for &(e, w) in c {
+            let o = experts[e].forward(xr);
+            for (a, b) in y[r * hidden..(r + 1) * hidden].iter_mut().zip(&o) {
                 *a += w * b;
             }
         }

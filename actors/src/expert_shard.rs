@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock};
 
 use actix::{Actor, Addr, Arbiter, Context, Handler, MessageResult};
 
-use crate::engine::{combine, ExpertDispatch, ExpertFfn};
+use crate::engine::{combine, run_groups, ExpertDispatch, ExpertFfn, ExpertGroups};
 use crate::messages::{GetExpertCounts, RunExperts};
 
 /// One shard: the experts it may run, and selection counts.
@@ -25,25 +25,23 @@ pub struct ExpertShard {
 }
 
 impl ExpertShard {
-    /// Runs the requested `(row, expert)` pairs, grouping rows by expert.
-    pub fn run(&mut self, m: &RunExperts) -> Vec<Vec<f32>> {
+    /// Runs the requested `(row, expert)` pairs as one grouped operation
+    /// (the kernel local compute uses, [`run_groups`]); returns
+    /// `[items, hidden]` outputs, one row per item in item order.
+    pub fn run(&mut self, m: &RunExperts) -> Vec<f32> {
         let h = m.hidden;
-        let mut by_expert: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
-        for (i, &(_, e)) in m.items.iter().enumerate() {
-            by_expert.entry(e).or_default().push(i);
+        let groups = ExpertGroups::new(m.items.iter().copied());
+        for (g, &e) in groups.experts.iter().enumerate() {
+            let n = groups.offsets[g + 1] - groups.offsets[g];
+            *self.counts.entry((m.layer, e)).or_default() += n as u64;
         }
-        let mut out = vec![Vec::new(); m.items.len()];
-        for (e, idx) in by_expert {
-            *self.counts.entry((m.layer, e)).or_default() += idx.len() as u64;
-            let mut xs = Vec::with_capacity(idx.len() * h);
-            for &i in &idx {
-                let r = m.items[i].0;
-                xs.extend_from_slice(&m.rows[r * h..(r + 1) * h]);
-            }
-            let y = self.experts[m.layer][e].forward(&xs);
-            for (j, &i) in idx.iter().enumerate() {
-                out[i] = y[j * h..(j + 1) * h].to_vec();
-            }
+        let xs = groups.gather(&m.rows, h);
+        let mut ys = vec![0.0; xs.len()];
+        let layer = &self.experts[m.layer];
+        run_groups(&groups, |e| layer[e].as_ref(), &xs, h, &mut ys);
+        let mut out = vec![0.0; ys.len()];
+        for (o, &s) in out.chunks_exact_mut(h.max(1)).zip(&groups.pair_slot) {
+            o.copy_from_slice(&ys[s * h..(s + 1) * h]);
         }
         out
     }
@@ -195,27 +193,30 @@ impl ExpertDispatch for ShardedExperts {
             .expect("placement lock is never poisoned");
         let owner = &placement[moe_layer];
         let n = self.shards.len();
-        // Per shard: the rows it needs (compacted) and the (row, k) each item answers.
+        // Per shard: the rows it needs (compacted, ascending) and its
+        // (local row, expert) items; per pair: its shard and item index.
         let mut rows_of: Vec<Vec<usize>> = vec![Vec::new(); n];
-        let mut local_row: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
+        let mut last_row: Vec<usize> = vec![usize::MAX; n];
         let mut items: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n];
-        let mut back: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n];
+        let mut pair_at: Vec<(usize, usize)> = Vec::with_capacity(choices.len() * 16);
         for (r, c) in choices.iter().enumerate() {
-            for (k, &(e, _)) in c.iter().enumerate() {
+            for &(e, _) in c {
                 let s = owner[e];
-                let lr = *local_row[s].entry(r).or_insert_with(|| {
+                if last_row[s] != r {
+                    last_row[s] = r;
                     rows_of[s].push(r);
-                    rows_of[s].len() - 1
-                });
-                items[s].push((lr, e));
-                back[s].push((r, k));
+                }
+                pair_at.push((s, items[s].len()));
+                items[s].push((rows_of[s].len() - 1, e));
             }
         }
         drop(placement);
         // Send every shard its rows first, then wait: shards run in parallel.
-        let busy: Vec<usize> = (0..n).filter(|&s| !items[s].is_empty()).collect();
-        let mut waiting = Vec::with_capacity(busy.len());
-        for s in busy {
+        let mut waiting = Vec::with_capacity(n);
+        for s in 0..n {
+            if items[s].is_empty() {
+                continue;
+            }
             let mut rows = Vec::with_capacity(rows_of[s].len() * hidden);
             for &r in &rows_of[s] {
                 rows.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
@@ -233,17 +234,25 @@ impl ExpertDispatch for ShardedExperts {
                 .expect("a shard has at most one request in flight per forward");
             waiting.push((s, rx));
         }
-        let mut outputs: Vec<Vec<Option<Vec<f32>>>> =
-            choices.iter().map(|c| vec![None; c.len()]).collect();
+        // Concatenate the replies; pair (s, i) reads row base[s] + i.
+        let mut base = vec![0usize; n];
+        let mut ys = Vec::new();
         for (s, rx) in waiting {
-            let ys = rx
+            let y = rx
                 .recv()
                 .expect("expert shard threads live as long as the engine");
-            for (&(r, k), y) in back[s].iter().zip(ys) {
-                outputs[r][k] = Some(y);
-            }
+            base[s] = ys.len() / hidden.max(1);
+            ys.extend_from_slice(&y);
         }
-        combine(&outputs, hidden, choices)
+        combine(
+            &ys,
+            |p| {
+                let (s, i) = pair_at[p];
+                base[s] + i
+            },
+            hidden,
+            choices,
+        )
     }
 }
 

@@ -405,8 +405,8 @@ pub struct EngineStats {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct RunExperts {
-    /// Where the outputs go.
-    pub reply: std::sync::mpsc::SyncSender<Vec<Vec<f32>>>,
+    /// Where the outputs go: `[items, hidden]`, one row per item, in order.
+    pub reply: std::sync::mpsc::SyncSender<Vec<f32>>,
     /// MoE layer index.
     pub layer: usize,
     /// Row width.

@@ -88,9 +88,8 @@ pub fn write_kv(
         start_pos + t
     );
     for i in 0..t {
-        let row = pool.row_mut(layer, block_table, start_pos + i);
-        row[..kw].copy_from_slice(&k[i * kw..(i + 1) * kw]);
-        row[kw..].copy_from_slice(&v[i * vw..(i + 1) * vw]);
+        let (ki, vi) = (&k[i * kw..(i + 1) * kw], &v[i * vw..(i + 1) * vw]);
+        pool.write_row(layer, block_table, start_pos + i, &[ki, vi]);
     }
 }
 
@@ -198,8 +197,10 @@ fn attend_group(job: &GroupJob<'_>, idx: usize, scores: &mut Vec<f32>, o: &mut [
     scores.clear();
     scores.resize(group * ctx, 0.0);
     let q0 = i * job.qw + kvh * group * hd;
+    let mut buf = vec![0.0f32; job.pool.width];
     for p in 0..ctx {
-        let k = &job.pool.row(job.layer, job.block_table, p)[kvh * hd..(kvh + 1) * hd];
+        let k =
+            &job.pool.read_row(job.layer, job.block_table, p, &mut buf)[kvh * hd..(kvh + 1) * hd];
         for g in 0..group {
             let qv = &job.q[q0 + g * hd..q0 + (g + 1) * hd];
             scores[g * ctx + p] = dot_lanes(qv, k) * job.scale;
@@ -220,7 +221,7 @@ fn attend_group(job: &GroupJob<'_>, idx: usize, scores: &mut Vec<f32>, o: &mut [
         }
     }
     for p in 0..ctx {
-        let row = job.pool.row(job.layer, job.block_table, p);
+        let row = job.pool.read_row(job.layer, job.block_table, p, &mut buf);
         let vv = &row[job.k_width + kvh * vd..job.k_width + (kvh + 1) * vd];
         for g in 0..group {
             let w = scores[g * ctx + p];

@@ -147,9 +147,8 @@ pub fn write_latent(
         start_pos + t
     );
     for i in 0..t {
-        let row = pool.row_mut(layer, block_table, start_pos + i);
-        row[..r].copy_from_slice(&c_kv[i * r..(i + 1) * r]);
-        row[r..].copy_from_slice(&k_pe[i * dr..(i + 1) * dr]);
+        let (c, kp) = (&c_kv[i * r..(i + 1) * r], &k_pe[i * dr..(i + 1) * dr]);
+        pool.write_row(layer, block_table, start_pos + i, &[c, kp]);
     }
 }
 
@@ -365,7 +364,8 @@ pub fn mla_attention_naive(
             let mut scores = Vec::with_capacity(len);
             let mut values = Vec::with_capacity(len);
             for pos in 0..len {
-                let row = pool.row(layer, block_table, pos);
+                let mut buf = vec![0.0f32; pool.width];
+                let row = pool.read_row(layer, block_table, pos, &mut buf);
                 let (c, kpe) = row.split_at(r);
                 let k_nope: Vec<f64> = (0..nope_dim).map(|n| row_dot(base + n, c)).collect();
                 let v: Vec<f64> = (0..v_dim)

@@ -28,7 +28,8 @@ impl OutPtr {
 /// pool: about four ranges per thread, each streaming at least
 /// `min_task_bytes` of weights (`row_bytes` per row) when possible, since a
 /// rayon task costs about a microsecond. One range (or one thread) runs in
-/// place: waking a worker costs more than a small GEMV.
+/// place: waking a worker costs more than a small GEMV. Inside
+/// [`crate::threads::serial`] the same ranges run in turn on the caller.
 pub(crate) fn for_row_ranges(
     rows: usize,
     row_bytes: usize,
@@ -41,6 +42,10 @@ pub(crate) fn for_row_ranges(
     let tasks = rows.div_ceil(chunk);
     if tasks <= 1 || threads == 1 {
         return f(0, rows);
+    }
+    if crate::threads::is_serial() {
+        // Same ranges, one after another: results do not change.
+        return (0..tasks).for_each(|t| f(t * chunk, ((t + 1) * chunk).min(rows)));
     }
     (0..tasks)
         .into_par_iter()

@@ -414,3 +414,41 @@ fn run_plan_rejects_bad_arguments() {
     };
     assert!(plan(&PlanModel::preset("kimi-k3").unwrap(), &util).is_err());
 }
+
+/// The plan's attention-cache bytes per token, at the bf16 default, equal a
+/// bf16 KV pool's for the same model (K3's `small` synth preset: MLA latent
+/// rows; SmolLM2-135M: GQA rows).
+#[test]
+fn plan_kv_bytes_per_token_equal_the_bf16_pools() {
+    use caracal_kernels::paged::{KvDtype, KvPool};
+    let k3_small = crate::convert::synth::k3_config(&crate::convert::synth::K3Shape::small(), 0);
+    let smollm2 = serde_json::json!({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+        "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+        "hidden_act": "silu", "tie_word_embeddings": true
+    });
+    for (name, config, want) in [
+        ("k3-small", &k3_small, None),
+        // 30 layers · 2 · 3 kv heads · 64 · 2 bytes.
+        ("smollm2", &smollm2, Some(30 * 2 * 3 * 64 * 2)),
+    ] {
+        let arch = crate::checkpoint::arch::Arch::from_config(config).unwrap();
+        let pool = KvPool::with_dtype(arch.kv_layers(), 1, 1, arch.kv_width(), KvDtype::Bf16);
+        let model = PlanModel::from_config(config, name, "test").unwrap();
+        let r = plan(&model, &PlanOptions::default()).unwrap();
+        assert_eq!(r.cache.kv_dtype, CacheDtype::Bf16);
+        assert_eq!(
+            r.cache.bytes_per_token,
+            pool.bytes_per_token() as u64,
+            "{name}"
+        );
+        if let Some(w) = want {
+            assert_eq!(pool.bytes_per_token(), w, "{name}");
+        }
+        // The f32 pool (`--kv-cache-dtype f32`) holds twice the bytes.
+        let f32_pool = KvPool::new(arch.kv_layers(), 1, 1, arch.kv_width());
+        assert_eq!(f32_pool.bytes_per_token(), 2 * pool.bytes_per_token());
+    }
+}

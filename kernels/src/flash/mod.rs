@@ -422,6 +422,8 @@ struct Scratch {
     krows: Vec<*const f32>,
     /// V row pointers (at this kv head) of the current tile.
     vrows: Vec<*const f32>,
+    /// The current tile's rows widened to f32 (bf16 pools only).
+    kv: Vec<f32>,
 }
 
 /// Index of the first 64-byte aligned element of `v` after growing it to
@@ -479,14 +481,28 @@ unsafe fn attend_piece<S: Simd>(call: &Call<'_>, p: Piece, sc: &mut Scratch, sin
     let (m, l, alpha, qoff) = (rowp, rowp.add(mp), rowp.add(2 * mp), rowp.add(3 * mp));
 
     let first_query = call.start_pos + p.i0;
+    if call.pool.dtype() != crate::paged::KvDtype::F32 && sc.kv.len() < KEY_TILE * call.pool.width {
+        sc.kv.resize(KEY_TILE * call.pool.width, 0.0);
+    }
     let mut j0 = p.k0;
     while j0 < p.k1 {
         let j1 = (j0 + KEY_TILE).min(p.k1);
         let nk = j1 - j0;
         sc.krows.clear();
         sc.vrows.clear();
+        // bf16 rows are widened into the piece's tile buffer (sized once
+        // per piece, so the pointers stay valid for the tile).
+        let width = call.pool.width;
+        let wide = call.pool.dtype() != crate::paged::KvDtype::F32;
         for j in j0..j1 {
-            let row = call.pool.row(call.layer, call.block_table, j);
+            let row: &[f32] = if wide {
+                let slot = (j - j0) * width;
+                let buf = &mut sc.kv[slot..slot + width];
+                call.pool.read_row(call.layer, call.block_table, j, buf);
+                std::slice::from_raw_parts(buf.as_ptr(), width)
+            } else {
+                call.pool.row(call.layer, call.block_table, j)
+            };
             sc.krows.push(row[p.kvh * hd..(p.kvh + 1) * hd].as_ptr());
             let v = if call.latent {
                 &row[..vd]

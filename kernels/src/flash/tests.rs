@@ -384,3 +384,53 @@ fn heads_not_divisible_by_kv_heads_panic() {
     let mut out = vec![0.0; 24];
     paged_attention_tiled(&[0.0; 24], &pool, 0, &[0], 0, &s, 1.0, &mut out);
 }
+
+#[test]
+fn bf16_pool_equals_dense_attention_of_the_rounded_rows() {
+    use crate::dtype::round_to_bf16;
+    use crate::paged::KvDtype;
+    // Decode (one query after 1000 keys: key splits) and a prefill chunk,
+    // GQA groups of 3 and 8, shuffled pages of 7 rows.
+    for (n, (s, start, t)) in [
+        (shape(9, 3, 64, 64), 1000, 1),
+        (shape(9, 3, 64, 64), 40, 17),
+        (shape(8, 1, 128, 128), 300, 3),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 7000 + 10 * n as u64;
+        let total = start + t;
+        let (kw, vw, qw) = (
+            s.kv_heads * s.head_dim,
+            s.kv_heads * s.v_dim,
+            s.q_heads * s.head_dim,
+        );
+        let k = values(seed + 1, total * kw);
+        let v = values(seed + 2, total * vw);
+        let q: Vec<f32> = values(seed + 3, t * qw).iter().map(|x| x * 3.0).collect();
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let (f32_pool, table) = shuffled_pool(&s, 7, total, &k, &v, seed + 4);
+        let mut pool = KvPool::with_dtype(2, f32_pool.num_pages(), 7, s.row_width(), KvDtype::Bf16);
+        write_kv(&mut pool, 1, &table, 0, &k, &v, &s);
+        let (mut kr, mut vr) = (k.clone(), v.clone());
+        round_to_bf16(&mut kr);
+        round_to_bf16(&mut vr);
+        let mut want = vec![0.0; t * s.q_heads * s.v_dim];
+        dense_attention(&q, &kr, &vr, t, total, &s, scale, &mut want);
+        let mut exact = vec![0.0; want.len()];
+        dense_attention(&q, &k, &v, t, total, &s, scale, &mut exact);
+        let what = format!("bf16 {s:?} start {start} t {t}");
+        let mut paged = vec![0.0; want.len()];
+        paged_attention(&q, &pool, 1, &table, start, &s, scale, &mut paged);
+        // The widened rows are exactly the rounded values: f32 tolerance.
+        assert_close(&paged, &want, 2e-5, &format!("paged {what}"));
+        for isa in isas() {
+            let got = tiled_with(isa, &q, &pool, 1, &table, start, &s, scale);
+            assert_close(&got, &want, 2e-5, &format!("{isa:?} {what}"));
+            // Against unrounded f32 rows: bf16 keeps 8 mantissa bits (relative
+            // step 2^-8 on O(1) keys and values), so 2e-2 · max|out|.
+            assert_close(&got, &exact, 2e-2, &format!("{isa:?} vs f32 rows {what}"));
+        }
+    }
+}

@@ -367,10 +367,15 @@ fn gemv<E: Elem>(
         // Input groups re-read the chunk's weights: keep a chunk within L2.
         chunk = chunk.min(l2_rows);
     }
-    (0..rows.div_ceil(chunk)).into_par_iter().for_each(|c| {
+    let run = |c: usize| {
         // SAFETY: chunks cover disjoint row ranges, so the writes are disjoint.
         unsafe { g.run(isa, n, c * chunk, ((c + 1) * chunk).min(rows)) };
-    });
+    };
+    if crate::threads::is_serial() {
+        (0..rows.div_ceil(chunk)).for_each(run);
+    } else {
+        (0..rows.div_ceil(chunk)).into_par_iter().for_each(run);
+    }
 }
 
 impl<E: Elem> Gemv<'_, E> {
@@ -768,7 +773,7 @@ fn gemm_tiled(
             };
         });
     };
-    if threads <= 1 || tiles == 1 {
+    if threads <= 1 || tiles == 1 || crate::threads::is_serial() {
         (0..tiles).for_each(run);
     } else {
         (0..tiles).into_par_iter().for_each(run);

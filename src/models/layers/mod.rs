@@ -257,11 +257,18 @@ impl Mlp {
 
     /// Runs the MLP on `x` `[n, hidden]`.
     pub fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let mut out = vec![0.0; x.len() / self.gate_proj.cols.max(1) * self.down_proj.rows];
+        self.forward_into(x, &mut out);
+        out
+    }
+
+    /// [`Mlp::forward`] into `out` `[n, hidden]`.
+    pub fn forward_into(&self, x: &[f32], out: &mut [f32]) {
         let gate = self.gate_proj.forward(x);
         let up = self.up_proj.forward(x);
         let mut h = vec![0.0; gate.len()];
         self.act.apply(&gate, &up, &mut h);
-        self.down_proj.forward(&h)
+        self.down_proj.matmul(&h, out);
     }
 }
 
