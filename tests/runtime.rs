@@ -387,7 +387,7 @@ proptest! {
         let m = model(if hybrid { "tiny-kimi-linear" } else { "tiny-llama" });
         let cfg = SchedulerConfig {
             page_size: 4, max_running_requests: 6, max_batch_tokens: 48, chunked_prefill_size: 9,
-            state_checkpoint_interval: 8, max_waiting_requests: 1000,
+            state_checkpoint_interval: 8, max_waiting_requests: 1000, ..Default::default()
         };
         let mem = SessionMemory::new(MemoryConfig { num_pages: pages, page_size: 4, session_ttl: std::time::Duration::from_secs(3600) });
         let mut s = SchedulerState::with_memory(m.clone(), mem, cfg, None);
@@ -508,4 +508,48 @@ fn media_rows_stand_for_their_tokens_through_the_scheduler() {
             Err(SubmitError::Invalid(_))
         ));
     });
+}
+
+/// bf16 KV rows (`--kv-cache-dtype bf16`, the server default) give the same
+/// next-token distribution as f32 rows within bf16's rounding, in half the
+/// bytes per page.
+#[test]
+fn bf16_kv_rows_match_f32_rows_within_rounding_at_half_the_bytes() {
+    use caracal_kernels::paged::KvDtype;
+    for name in ["tiny-llama", "tiny-deepseek-v3", "tiny-kimi-linear"] {
+        let m = model(name);
+        let budget = 8 << 20;
+        let f32_pages = caracal_actors::runtime::pages_for(m.as_ref(), budget, 4, KvDtype::F32);
+        let bf16_pages = caracal_actors::runtime::pages_for(m.as_ref(), budget, 4, KvDtype::Bf16);
+        assert_eq!(bf16_pages, 2 * f32_pages, "{name}");
+        let first = |dtype: KvDtype| {
+            let mut cfg = small_pages();
+            cfg.scheduler.kv_cache_dtype = dtype;
+            actix::System::new().block_on(async {
+                let engine = Engine::start(m.clone(), cfg, None);
+                let mut req = greedy(prompts()[5].clone(), 1, None);
+                req.logprobs = Some(5);
+                let mut rx = engine.submit(req).await.unwrap();
+                loop {
+                    match rx.recv().await {
+                        Some(TokenEvent::Token {
+                            logprob: Some(lp), ..
+                        }) => break *lp,
+                        Some(TokenEvent::Error { kind, message }) => panic!("{kind}: {message}"),
+                        Some(_) => {}
+                        None => panic!("no token"),
+                    }
+                }
+            })
+        };
+        let (a, b) = (first(KvDtype::F32), first(KvDtype::Bf16));
+        // Tolerance: bf16 keeps 8 mantissa bits of each K/V value; over these
+        // short prompts the log-probabilities move by well under 0.05.
+        for ((_, la), (_, lb)) in a.top.iter().zip(&b.top).take(3) {
+            assert!((la - lb).abs() < 5e-2, "{name}: {la} vs {lb}");
+        }
+        if a.top[0].1 - a.top[1].1 > 0.1 {
+            assert_eq!(a.top[0].0, b.top[0].0, "{name}: a clear top-1 stays");
+        }
+    }
 }

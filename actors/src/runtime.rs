@@ -24,6 +24,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use caracal_kernels::paged::KvDtype;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::watch;
 
@@ -69,10 +70,11 @@ impl Default for EngineConfig {
     }
 }
 
-/// Pages that fit in `bytes` for `model` (at least enough for one full context).
-pub fn pages_for(model: &dyn CausalLm, bytes: usize, page_size: usize) -> usize {
+/// Pages that fit in `bytes` for `model` with rows of `dtype` (at least one).
+pub fn pages_for(model: &dyn CausalLm, bytes: usize, page_size: usize, dtype: KvDtype) -> usize {
     let info = model.info();
-    let per_page = (page_size * info.kv_width * info.kv_layers * 4).max(page_size * 4);
+    let b = dtype.bytes();
+    let per_page = (page_size * info.kv_width * info.kv_layers * b).max(page_size * b);
     (bytes / per_page).max(1)
 }
 
@@ -110,7 +112,12 @@ impl Engine {
         cfg: EngineConfig,
         detok: Option<Arc<dyn Detokenize>>,
     ) -> Engine {
-        let pages = pages_for(model.as_ref(), cfg.kv_cache_memory, cfg.scheduler.page_size);
+        let pages = pages_for(
+            model.as_ref(),
+            cfg.kv_cache_memory,
+            cfg.scheduler.page_size,
+            cfg.scheduler.kv_cache_dtype,
+        );
         let memory = SessionMemory::new(MemoryConfig {
             num_pages: pages,
             page_size: cfg.scheduler.page_size,

@@ -389,6 +389,7 @@ fn state_under_pressure_is_quiescent_afterwards() {
             chunked_prefill_size: 5,
             state_checkpoint_interval: 8,
             max_waiting_requests: 1000,
+            ..Default::default()
         };
         let mut s = SchedulerState::new(model, 20, cfg, None);
         let mut rng = Rng::new(11 + hybrid as u64);

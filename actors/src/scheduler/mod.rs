@@ -48,7 +48,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use caracal_kernels::paged::KvPool;
+use caracal_kernels::paged::{KvDtype, KvPool};
 use caracal_kernels::sampling::{apply_penalties, sample, Rng};
 use caracal_kernels::threads::on_pool;
 use tokio::sync::{mpsc, watch};
@@ -89,6 +89,9 @@ pub struct SchedulerConfig {
     pub page_size: usize,
     /// Extra KDA snapshots every N tokens, a multiple of the page size (`--state-checkpoint-interval`, default 512).
     pub state_checkpoint_interval: usize,
+    /// How KV rows are stored (`--kv-cache-dtype`: the CLI's default is bf16;
+    /// this struct's default keeps f32 rows, exact against the single-sequence path).
+    pub kv_cache_dtype: KvDtype,
 }
 
 impl Default for SchedulerConfig {
@@ -100,6 +103,7 @@ impl Default for SchedulerConfig {
             max_waiting_requests: 256,
             page_size: 16,
             state_checkpoint_interval: 512,
+            kv_cache_dtype: KvDtype::F32,
         }
     }
 }
@@ -318,11 +322,12 @@ impl SchedulerState {
     ) -> Self {
         cfg.page_size = memory.page_size();
         let info = model.info().clone();
-        let pool = KvPool::new(
+        let pool = KvPool::with_dtype(
             info.kv_layers,
             memory.num_pages(),
             cfg.page_size,
             info.kv_width,
+            cfg.kv_cache_dtype,
         )
         .externally_allocated();
         SchedulerState {
