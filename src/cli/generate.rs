@@ -272,7 +272,9 @@ fn expand_video_ids(
             out.push(t);
             continue;
         }
-        let v = next.next().expect("one video per placeholder, counted above");
+        let v = next
+            .next()
+            .expect("one video per placeholder, counted above");
         out.extend(tok.encode_chat(&v.prompts)?);
     }
     Ok(out)
@@ -325,7 +327,9 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
         bail!("--video needs --chat (videos go before the prompt text) or --prompt-ids with placeholder ids");
     }
     if !a.videos.is_empty() && !a.images.is_empty() && a.prompt_ids.is_some() {
-        bail!("--prompt-ids takes --image or --video, not both (both use the media placeholder id)");
+        bail!(
+            "--prompt-ids takes --image or --video, not both (both use the media placeholder id)"
+        );
     }
     if !(a.fps > 0.0 && a.fps <= 1000.0) {
         bail!("--fps must be in (0, 1000], got {}", a.fps);
@@ -493,9 +497,9 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
                 .iter()
                 .enumerate()
                 .flat_map(|(i, v)| {
-                    v.chunks.iter().map(move |(ts, n)| {
-                        json!({"video": i, "timestamp": ts, "tokens": n})
-                    })
+                    v.chunks
+                        .iter()
+                        .map(move |(ts, n)| json!({"video": i, "timestamp": ts, "tokens": n}))
                 })
                 .collect();
             v["video_chunks"] = Value::Array(chunks);
