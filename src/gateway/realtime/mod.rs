@@ -518,7 +518,7 @@ impl RealtimeSession {
             tool_choice: config.tool_choice.clone(),
             thinking: true,
         };
-        let encoded = media::encode_media(&self.state, &conv.messages).await?;
+        let encoded = media::encode_media(&self.state, &context).await?;
         encoded.substitute(&mut conv.messages);
         let prompt_text = self.state.model.render(&conv)?;
         let prefix = if in_conversation {

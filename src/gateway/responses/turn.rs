@@ -55,7 +55,7 @@ pub async fn prepare(
         tool_choice: req.tool_choice.clone(),
         thinking: req.thinking,
     };
-    let encoded = media::encode_media(state, &conv.messages).await?;
+    let encoded = media::encode_media(state, &context).await?;
     encoded.substitute(&mut conv.messages);
     let prompt_text = state.model.render(&conv)?;
     let prompt_ids = state.model.encode(&prompt_text, prev.map(|p| &p.prefix))?;
