@@ -66,8 +66,11 @@ fn data_url(mime: &str, bytes: &[u8]) -> String {
     )
 }
 
-/// A Chat Completions body: `videos` (URL, fps) then the text.
-fn chat_with(videos: &[(String, Option<f64>)], text: &str) -> Value {
+/// A video part's URL and optional fps.
+type VideoPart = (String, Option<f64>);
+
+/// A Chat Completions body: `videos` then the text.
+fn chat_with(videos: &[VideoPart], text: &str) -> Value {
     let mut content: Vec<Value> = videos
         .iter()
         .map(|(u, fps)| match fps {
@@ -323,7 +326,7 @@ async fn bad_videos_get_the_media_error_kind_and_the_server_keeps_serving() {
         *b ^= 0x5a;
     }
     let big = vec![0u8; good.len().max(other.len()) + 1024];
-    let cases: Vec<(Vec<(String, Option<f64>)>, &str)> = vec![
+    let cases: Vec<(Vec<VideoPart>, &str)> = vec![
         (
             vec![(data_url("video/mp4", &png), None)],
             "video_format_mismatch",

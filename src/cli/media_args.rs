@@ -88,7 +88,7 @@ impl MediaArgs {
         if self.max_video_frames == 0 {
             bail!("--max-video-frames must be at least 1");
         }
-        if !(self.max_video_seconds > 0.0) {
+        if self.max_video_seconds.is_nan() || self.max_video_seconds <= 0.0 {
             bail!(
                 "--max-video-seconds must be positive, got {}",
                 self.max_video_seconds
