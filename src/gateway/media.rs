@@ -540,20 +540,6 @@ impl RequestMedia {
     }
 }
 
-/// Decodes, preprocesses and encodes the images of `messages` (all at
-/// once, so the encoder packs them into one pass). Video parts are
-/// refused: they need [`encode_media`] and [`RequestMedia::substitute`]
-/// before rendering.
-pub async fn encode_images(state: &AppState, messages: &[Message]) -> ApiResult<Vec<EncodedMedia>> {
-    let media = encode_media(state, messages).await?;
-    if !media.videos.is_empty() {
-        return Err(ApiError::internal(
-            "video parts must be resolved before rendering",
-        ));
-    }
-    Ok(media.items)
-}
-
 /// Decodes, preprocesses and encodes the images and videos of `messages`
 /// (all items at once, so the encoder packs what it can into one pass).
 pub async fn encode_media(state: &AppState, messages: &[Message]) -> ApiResult<RequestMedia> {
