@@ -17,6 +17,21 @@
 //! `<|media_begin|>image<|media_content|><|media_pad|><|media_end|>` before
 //! the prompt text of the user message. The placeholder is then expanded to
 //! the image's token count and the tower's rows replace those embeddings.
+//!
+//! `--video FILE [--fps N]` (repeatable) decodes each video with FFmpeg,
+//! samples it at `--fps` (default 2) as transformers' Kimi K2.5 video
+//! processor does, and cuts it into chunks of up to 4 frames, each encoded
+//! by the tower and announced by
+//! `{HH:MM:SS.mmm}<|media_begin|>video<|media_content|><|media_pad|><|media_end|>`
+//! (its first frame's time). With `--chat` the chunk prompts of every video
+//! go before the prompt text of the user message (after the images). With
+//! `--prompt-ids`, each occurrence of the media placeholder id
+//! (`<|media_pad|>`, the tower's `placeholder_id`; K3 has no separate video
+//! placeholder) stands for the next video and is replaced by its chunk
+//! prompts, whose `<|media_pad|>`s then expand to each chunk's tokens; so
+//! `--prompt-ids` takes `--image` or `--video`, not both. `--json` reports
+//! `media_tokens` per item (per image, per video chunk) and `video_chunks`
+//! (video, timestamp, tokens).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -90,6 +105,15 @@ pub struct GenerateArgs {
     /// before the prompt text.
     #[arg(long = "image")]
     images: Vec<PathBuf>,
+    /// Video file (MP4, WebM, MPEG-TS, raw H.264); repeat for several. With
+    /// --prompt-ids each media placeholder id stands for the next video (and
+    /// expands to its chunk prompts); with --chat the videos go before the
+    /// prompt text.
+    #[arg(long = "video")]
+    videos: Vec<PathBuf>,
+    /// Frames per second sampled from each --video, in (0, 1000].
+    #[arg(long, default_value_t = caracal::gateway::media::DEFAULT_VIDEO_FPS)]
+    fps: f64,
     /// JSON object overriding image-processor options, e.g.
     /// `{"max_patches": 256}` (the keys of transformers' Kimi K2.5
     /// processors: max_patches, patch_size, merge_size, temporal_patch_size,
@@ -151,6 +175,111 @@ fn load_images(
         .collect()
 }
 
+/// One `--video`, decoded, sampled and cut into tower chunks.
+struct LoadedVideo {
+    /// One tower item per chunk.
+    items: Vec<VisionInput>,
+    /// The chunks' prompts, concatenated.
+    prompts: String,
+    /// Each chunk's first-frame time (`HH:MM:SS.mmm`) and LM tokens.
+    chunks: Vec<(String, usize)>,
+}
+
+/// Decodes the `--video` files for `model`'s tower, sampled at `fps`.
+fn load_videos(
+    model: &dyn CausalLm,
+    paths: &[PathBuf],
+    fps: f64,
+    kwargs: Option<&str>,
+) -> Result<Vec<LoadedVideo>> {
+    use caracal_media::video::{decode_video_file, Container, OutputSize, VideoOptions};
+    let tower = model.vision().ok_or_else(|| {
+        anyhow!(
+            "--video: the model (`{}`) has no vision tower, so it takes no video",
+            model.info().model_type
+        )
+    })?;
+    let cfg = processor_config(&model.info().model_type, kwargs)?;
+    if cfg.patch_size as usize != tower.info().patch_size
+        || cfg.merge_kernel_size as usize != tower.info().merge_size
+    {
+        bail!(
+            "--video: the processor's patch {} / merge {} differ from the tower's {} / {}",
+            cfg.patch_size,
+            cfg.merge_kernel_size,
+            tower.info().patch_size,
+            tower.info().merge_size
+        );
+    }
+    let options = VideoOptions {
+        fps,
+        output: OutputSize::Processor(cfg.frame_config()),
+        ..VideoOptions::default()
+    };
+    paths
+        .iter()
+        .map(|p| {
+            let what = |e: caracal_media::MediaError| {
+                anyhow!("--video {}: {e} ({})", p.display(), e.kind())
+            };
+            let decoded = decode_video_file(p, Container::Auto, &options).map_err(what)?;
+            let (frames, times): (Vec<_>, Vec<_>) = decoded
+                .frames
+                .into_iter()
+                .map(|f| (f.image, f.timestamp))
+                .unzip();
+            let chunks = caracal_media::chunk_frames(&frames, &times, &cfg).map_err(what)?;
+            Ok(LoadedVideo {
+                prompts: chunks.iter().map(|c| c.prompt()).collect(),
+                chunks: chunks
+                    .iter()
+                    .map(|c| (c.timestamp_text(), c.num_tokens))
+                    .collect(),
+                items: chunks
+                    .into_iter()
+                    .map(|c| VisionInput {
+                        pixel_values: c.pixel_values,
+                        grid_thw: c.grid_thw,
+                    })
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// `ids` with the `i`-th `placeholder` replaced by the tokens of video
+/// `i`'s chunk prompts (one `<|media_pad|>` per chunk).
+fn expand_video_ids(
+    ids: &[u32],
+    placeholder: u32,
+    videos: &[LoadedVideo],
+    tok: Option<&TextTokenizer>,
+) -> Result<Vec<u32>> {
+    let found = ids.iter().filter(|&&t| t == placeholder).count();
+    if found != videos.len() {
+        bail!(
+            "--video: the prompt ids hold {found} media placeholders (id {placeholder}) for {} videos",
+            videos.len()
+        );
+    }
+    let tok = tok.ok_or_else(|| {
+        anyhow!("--video with --prompt-ids needs a tokenizer (for the chunk timestamps)")
+    })?;
+    let mut next = videos.iter();
+    let mut out = Vec::with_capacity(ids.len());
+    for &t in ids {
+        if t != placeholder {
+            out.push(t);
+            continue;
+        }
+        let v = next
+            .next()
+            .expect("one video per placeholder, counted above");
+        out.extend(tok.encode_chat(&v.prompts)?);
+    }
+    Ok(out)
+}
+
 /// Reads a JSON file named by a flag.
 fn read_json_file(flag: &str, path: &std::path::Path) -> Result<Value> {
     let text =
@@ -191,6 +320,30 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
     if !a.images.is_empty() && a.prompt_ids.is_none() && !a.chat {
         bail!("--image needs --chat (images go before the prompt text) or --prompt-ids with placeholder ids");
     }
+    if !a.videos.is_empty() && (schema.is_some() || tools.is_some()) {
+        bail!("--video cannot be combined with --json-schema or --tools");
+    }
+    if !a.videos.is_empty() && a.prompt_ids.is_none() && !a.chat {
+        bail!("--video needs --chat (videos go before the prompt text) or --prompt-ids with placeholder ids");
+    }
+    if !a.videos.is_empty() && !a.images.is_empty() && a.prompt_ids.is_some() {
+        bail!(
+            "--prompt-ids takes --image or --video, not both (both use the media placeholder id)"
+        );
+    }
+    if !(a.fps > 0.0 && a.fps <= 1000.0) {
+        bail!("--fps must be in (0, 1000], got {}", a.fps);
+    }
+    let videos = if a.videos.is_empty() {
+        Vec::new()
+    } else {
+        load_videos(
+            loaded.model.as_ref(),
+            &a.videos,
+            a.fps,
+            a.mm_processor_kwargs.as_deref(),
+        )?
+    };
     let images = if a.images.is_empty() {
         Vec::new()
     } else {
@@ -202,9 +355,10 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
     };
     let wrapped;
     let prompt_text = match &a.prompt {
-        Some(text) if !images.is_empty() => {
+        Some(text) if !images.is_empty() || !videos.is_empty() => {
+            let video_prompts: String = videos.iter().map(|v| v.prompts.as_str()).collect();
             wrapped = format!(
-                "{}{text}",
+                "{}{video_prompts}{text}",
                 caracal::gateway::media::IMAGE_WRAPPER.repeat(images.len())
             );
             Some(&wrapped)
@@ -212,6 +366,13 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
         other => other.as_ref(),
     };
     let prompt_ids = match (prompt_text, &a.prompt_ids) {
+        (_, Some(ids)) if !videos.is_empty() => {
+            let tower = loaded
+                .model
+                .vision()
+                .expect("videos were loaded for the tower");
+            expand_video_ids(ids, tower.info().placeholder_id, &videos, tok)?
+        }
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {
             let tok = tok.ok_or_else(|| {
@@ -249,11 +410,18 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
     if let Some(bad) = prompt_ids.iter().find(|&&t| t as usize >= vocab) {
         bail!("prompt id {bad} is outside the vocabulary (size {vocab})");
     }
-    let (prompt_ids, spans, media_tokens) = if images.is_empty() {
+    let mut items = images;
+    items.extend(videos.iter().flat_map(|v| v.items.iter().cloned()));
+    let (prompt_ids, spans, media_tokens) = if items.is_empty() {
         (prompt_ids, Vec::new(), Vec::new())
     } else {
-        let mp = splice_media(loaded.model.as_ref(), &prompt_ids, &images)
-            .map_err(|e| anyhow!("--image: {e}"))?;
+        let flag = if videos.is_empty() {
+            "--image"
+        } else {
+            "--image/--video"
+        };
+        let mp = splice_media(loaded.model.as_ref(), &prompt_ids, &items)
+            .map_err(|e| anyhow!("{flag}: {e}"))?;
         (mp.ids, mp.spans, mp.media_tokens)
     };
     let req = GenerateRequest {
@@ -323,6 +491,18 @@ pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<(
         v["model"] = serde_json::Value::String(model_dir.display().to_string());
         if !media_tokens.is_empty() {
             v["media_tokens"] = json!(media_tokens);
+        }
+        if !videos.is_empty() {
+            let chunks: Vec<Value> = videos
+                .iter()
+                .enumerate()
+                .flat_map(|(i, v)| {
+                    v.chunks
+                        .iter()
+                        .map(move |(ts, n)| json!({"video": i, "timestamp": ts, "tokens": n}))
+                })
+                .collect();
+            v["video_chunks"] = Value::Array(chunks);
         }
         println!("{}", serde_json::to_string(&v)?);
     } else {

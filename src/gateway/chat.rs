@@ -58,8 +58,9 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Body) -> Response 
     }
 }
 
-/// Reads `messages` into chat-format messages; images are refused on a
-/// model without a vision tower, naming the part.
+/// Reads `messages` into chat-format messages; images and videos
+/// (`video_url` parts, `{"url": …, "fps": …}` or a part-level `fps`) are
+/// refused on a model without a vision tower, naming the part.
 pub fn parse_messages(list: &[Value], vision: bool) -> ApiResult<Vec<Message>> {
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
@@ -87,6 +88,13 @@ pub fn parse_messages(list: &[Value], vision: bool) -> ApiResult<Vec<Message>> {
                         return Err(ApiError::unsupported(
                             &format!("{name}.content[{j}]"),
                             "this model takes no images",
+                        ))
+                    }
+                    "video_url" | "input_video" if vision => {}
+                    "video_url" | "input_video" => {
+                        return Err(ApiError::unsupported(
+                            &format!("{name}.content[{j}]"),
+                            "this model takes no video",
                         ))
                     }
                     other => {
@@ -332,17 +340,18 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
         },
     )
     .await?;
-    let conv = Conversation {
+    let mut conv = Conversation {
         messages,
         tools,
         tool_choice,
         thinking,
     };
-    let images = media::encode_images(&state, &conv.messages).await?;
+    let encoded = media::encode_media(&state, &conv.messages).await?;
+    encoded.substitute(&mut conv.messages);
     let text = state.model.render(&conv)?;
     let prompt = state.model.encode(&text, None)?;
     let mut valid = valid_request(&state, prompt, &sampling, f.str("user")?)?;
-    media::splice(&state, &mut valid, &images)?;
+    media::splice(&state, &mut valid, &encoded.items)?;
     valid.logprobs = logprobs;
     let req = ChatRequest {
         model,

@@ -152,7 +152,7 @@ fn model_object(state: &AppState) -> Value {
     let m = &state.model;
     let mut modalities = vec!["text"];
     if m.vision {
-        modalities.push("image");
+        modalities.extend(["image", "video"]);
     }
     json!({
         "id": m.name,
@@ -164,6 +164,7 @@ fn model_object(state: &AppState) -> Value {
         "input_modalities": modalities,
         "output_modalities": ["text"],
         "supports_images": m.vision,
+        "supports_video": m.vision,
         "supports_tools": m.format.is_some(),
         "model_type": m.info.model_type,
     })

@@ -36,6 +36,9 @@ fn render_content(out: &mut String, content: &Option<MessageContent>) {
             for part in parts {
                 if part.kind == "image" || part.kind == "image_url" || part.image_url.is_some() {
                     out.push_str(K2_IMAGE);
+                } else if super::is_video_part(&part.kind) {
+                    // Unresolved: the gateway resolves videos into `video`
+                    // parts (their chunk prompts, written as text) first.
                 } else {
                     out.push_str(part.text.as_deref().unwrap_or(""));
                 }
@@ -671,5 +674,22 @@ mod tests {
         assert_eq!(function_name("functions.ns.tool:12"), "ns.tool");
         assert_eq!(function_name("search"), "search");
         assert_eq!(function_name("a:b"), "a:b");
+    }
+
+    #[test]
+    fn video_parts_render_their_chunk_prompts_and_unresolved_ones_nothing() {
+        let chunks = "00:00:00.000<|media_begin|>video<|media_content|><|media_pad|><|media_end|>\
+                      00:00:02.000<|media_begin|>video<|media_content|><|media_pad|><|media_end|>";
+        let messages = vec![Message {
+            content: Some(MessageContent::Parts(vec![
+                ContentPart::video(chunks.into()),
+                ContentPart::video_url("data:video/mp4;base64,AAAA", Some(1.0)),
+                ContentPart::text("What happens?"),
+            ])),
+            ..Message::text("user", "")
+        }];
+        let out = render_k2(&messages, None, true);
+        assert!(out.contains(&format!("{chunks}What happens?")), "{out}");
+        assert_eq!(out.matches("<|media_pad|>").count(), 2, "{out}");
     }
 }

@@ -127,6 +127,9 @@ fn render_content(out: &mut String, content: &Option<MessageContent>) {
             for part in parts {
                 if matches!(part.kind.as_str(), "image" | "image_url" | "input_image") {
                     out.push_str("<|kimi_image_placeholder|>");
+                } else if super::is_video_part(&part.kind) {
+                    // Unresolved: the gateway resolves videos into `video`
+                    // parts (their chunk prompts, written as text) first.
                 } else {
                     out.push_str(part.text.as_deref().unwrap_or(""));
                 }
@@ -663,5 +666,22 @@ mod tests {
         let err = render_k3(&messages, None, true, &K3Options::default()).unwrap_err();
         assert!(err.to_string().contains("resolvable tool name"), "{err}");
         assert!(render_template(&messages, None, true, &K3Options::default()).is_err());
+    }
+
+    #[test]
+    fn video_parts_render_their_chunk_prompts_and_unresolved_ones_nothing() {
+        let chunks = "00:00:00.000<|media_begin|>video<|media_content|><|media_pad|><|media_end|>\
+                      00:00:02.000<|media_begin|>video<|media_content|><|media_pad|><|media_end|>";
+        let messages = vec![Message {
+            content: Some(MessageContent::Parts(vec![
+                ContentPart::video(chunks.into()),
+                ContentPart::video_url("data:video/mp4;base64,AAAA", Some(1.0)),
+                ContentPart::text("What happens?"),
+            ])),
+            ..Message::text("user", "")
+        }];
+        let out = render_k3(&messages, None, true, &K3Options::default()).unwrap();
+        assert!(out.contains(&format!("{chunks}What happens?")), "{out}");
+        assert_eq!(out.matches("<|media_pad|>").count(), 2, "{out}");
     }
 }

@@ -93,22 +93,42 @@ impl Message {
 pub enum MessageContent {
     /// Plain text.
     Text(String),
-    /// Text and image parts.
+    /// Text, image and video parts.
     Parts(Vec<ContentPart>),
 }
 
 /// One part of a multi-part message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ContentPart {
-    /// `text`, `image`, `image_url`, ...
+    /// `text`, `image`, `image_url`, `video_url`, `input_video`, `video`, ...
+    ///
+    /// `video` is a resolved video: its `text` holds the concatenated chunk
+    /// prompts (`{HH:MM:SS.mmm}<|media_begin|>video<|media_content|><|media_pad|><|media_end|>`
+    /// per chunk), which the renderers write as they stand. The gateway turns
+    /// `video_url` / `input_video` parts into `video` parts before rendering
+    /// (see `crate::gateway::media`); renderers write nothing for an
+    /// unresolved video part.
     #[serde(rename = "type")]
     pub kind: String,
-    /// The text of a `text` part.
+    /// The text of a `text` part (the chunk prompts of a `video` part).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
     /// The image reference of an `image_url` part (only its presence matters here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_url: Option<serde_json::Value>,
+    /// The video reference of a `video_url` / `input_video` part: `{"url": …,
+    /// "fps": …}` (Chat) or a URL string (Responses, Realtime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub video_url: Option<serde_json::Value>,
+    /// Frames per second to sample a video part at (a part-level `fps`;
+    /// `video_url.fps` is read too); default 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fps: Option<f64>,
+}
+
+/// Whether a part kind is an unresolved video (`video_url`, `input_video`).
+pub fn is_video_part(kind: &str) -> bool {
+    matches!(kind, "video_url" | "input_video")
 }
 
 impl ContentPart {
@@ -118,6 +138,31 @@ impl ContentPart {
             kind: "text".into(),
             text: Some(text.into()),
             image_url: None,
+            video_url: None,
+            fps: None,
+        }
+    }
+
+    /// A resolved video: its chunk prompts, written by the renderers as
+    /// they stand.
+    pub fn video(chunk_prompts: String) -> ContentPart {
+        ContentPart {
+            kind: "video".into(),
+            text: Some(chunk_prompts),
+            image_url: None,
+            video_url: None,
+            fps: None,
+        }
+    }
+
+    /// A `video_url` part (Chat Completions shape).
+    pub fn video_url(url: &str, fps: Option<f64>) -> ContentPart {
+        ContentPart {
+            kind: "video_url".into(),
+            text: None,
+            image_url: None,
+            video_url: Some(serde_json::json!({ "url": url })),
+            fps,
         }
     }
 
@@ -127,6 +172,8 @@ impl ContentPart {
             kind: "image_url".into(),
             text: None,
             image_url: Some(serde_json::json!({ "url": url })),
+            video_url: None,
+            fps: None,
         }
     }
 }

@@ -512,12 +512,14 @@ impl RealtimeSession {
         items_to_messages(&items, self.state.model.vision, &mut context)?;
         name_tool_results(&mut context);
         let messages = prompt_messages(Some(&config.instructions), &context);
-        let conv = Conversation {
+        let mut conv = Conversation {
             messages,
             tools: config.chat_tools.clone(),
             tool_choice: config.tool_choice.clone(),
             thinking: true,
         };
+        let encoded = media::encode_media(&self.state, &context).await?;
+        encoded.substitute(&mut conv.messages);
         let prompt_text = self.state.model.render(&conv)?;
         let prefix = if in_conversation {
             self.prefix.as_ref()
@@ -534,14 +536,13 @@ impl RealtimeSession {
             max_tokens: max,
             ignore_eos: false,
         };
-        let images = media::encode_images(&self.state, &context).await?;
         let mut valid = valid_request(
             &self.state,
             prompt_ids.clone(),
             &sampling,
             Some(self.id.clone()),
         )?;
-        media::splice(&self.state, &mut valid, &images)?;
+        media::splice(&self.state, &mut valid, &encoded.items)?;
         let (cancel, cancel_rx) = watch::channel(false);
         let rx = generation::start(
             &self.state,

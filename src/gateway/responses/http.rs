@@ -47,7 +47,7 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
     let stream = req.stream;
     let store = req.store;
     let session = req.cache_key.clone();
-    let turn = prepare(&state, req, prev.as_deref())?;
+    let turn = prepare(&state, req, prev.as_deref()).await?;
     let id = turn.builder.id.clone();
     let (cancel, guard) = InflightResponses::register(&state, &id);
     let running = begin(&state, turn, session, Some(cancel)).await?;

@@ -20,6 +20,7 @@ use crate::gateway::params::{
     compile_constraint, read_output_format, valid_request, OutputConstraint,
 };
 use crate::gateway::AppState;
+use crate::generate::EncodedMedia;
 
 /// A turn with its prompt built.
 pub struct Turn {
@@ -33,10 +34,13 @@ pub struct Turn {
     pub prompt_text: String,
     /// Its ids.
     pub prompt_ids: Vec<u32>,
+    /// Its images and video chunks, encoded (video parts were resolved
+    /// into chunk prompts before rendering; `context` keeps them as sent).
+    pub media: Vec<EncodedMedia>,
 }
 
-/// Builds the prompt of `req` on top of `prev`.
-pub fn prepare(
+/// Builds the prompt of `req` on top of `prev`, encoding its media first.
+pub async fn prepare(
     state: &AppState,
     req: ResponseRequest,
     prev: Option<&StoredResponse>,
@@ -45,12 +49,14 @@ pub fn prepare(
     context.extend(req.messages.iter().cloned());
     name_tool_results(&mut context);
     let messages = prompt_messages(req.instructions.as_deref(), &context);
-    let conv = Conversation {
+    let mut conv = Conversation {
         messages,
         tools: req.chat_tools.clone(),
         tool_choice: req.tool_choice.clone(),
         thinking: req.thinking,
     };
+    let encoded = media::encode_media(state, &context).await?;
+    encoded.substitute(&mut conv.messages);
     let prompt_text = state.model.render(&conv)?;
     let prompt_ids = state.model.encode(&prompt_text, prev.map(|p| &p.prefix))?;
     let builder = ResponseBuilder::new(&req);
@@ -60,6 +66,7 @@ pub fn prepare(
         context,
         prompt_text,
         prompt_ids,
+        media: encoded.items,
     })
 }
 
@@ -105,9 +112,8 @@ pub async fn begin(
     if !turn.req.generate {
         sampling.max_tokens = Some(1);
     }
-    let images = media::encode_images(state, &turn.context).await?;
     let mut valid = valid_request(state, turn.prompt_ids.clone(), &sampling, session)?;
-    media::splice(state, &mut valid, &images)?;
+    media::splice(state, &mut valid, &turn.media)?;
     valid.logprobs = turn.req.logprobs.filter(|_| turn.req.generate);
     let constraint = if turn.req.generate {
         let format = read_output_format(

@@ -82,6 +82,9 @@ fn content_text(content: &Value, name: &str, vision: bool) -> ApiResult<String> 
                     Some("input_image") if !vision => {
                         return Err(ApiError::unsupported(&pname, "this model takes no images"))
                     }
+                    Some("input_video") if !vision => {
+                        return Err(ApiError::unsupported(&pname, "this model takes no video"))
+                    }
                     Some(other) => {
                         return Err(ApiError::unsupported(
                             &pname,
@@ -105,38 +108,76 @@ fn content_text(content: &Value, name: &str, vision: bool) -> ApiResult<String> 
     }
 }
 
-/// A content value as message content: text when it has no images, else
-/// text and `input_image` parts in order (images only when `vision`).
+/// A content value as message content: text when it has no media, else
+/// text, `input_image` and `input_video` parts in order (media only when
+/// `vision`). An `input_video` part is `{"type": "input_video", "video_url":
+/// "data:video/mp4;base64,…", "fps": 2}` (`video_url` may also be
+/// `{"url": …, "fps": …}`; `fps` is optional, default 2).
 fn content_of(content: &Value, name: &str, vision: bool) -> ApiResult<MessageContent> {
     let Value::Array(parts) = content else {
         return Ok(MessageContent::Text(content_text(content, name, vision)?));
     };
-    let is_image = |p: &Value| p.get("type").and_then(Value::as_str) == Some("input_image");
-    if !vision || !parts.iter().any(is_image) {
+    let kind = |p: &Value| p.get("type").and_then(Value::as_str).map(str::to_owned);
+    let is_media = |p: &Value| matches!(kind(p).as_deref(), Some("input_image" | "input_video"));
+    if !vision || !parts.iter().any(is_media) {
         return Ok(MessageContent::Text(content_text(content, name, vision)?));
     }
     let mut out = Vec::with_capacity(parts.len());
     for (j, p) in parts.iter().enumerate() {
         let pname = format!("{name}[{j}]");
-        if is_image(p) {
-            let url = p
-                .get("image_url")
-                .filter(|u| u.is_string())
-                .ok_or_else(|| {
-                    if p.get("file_id").is_some() {
-                        ApiError::unsupported(&pname, "`file_id` images (send `image_url`)")
-                    } else {
-                        ApiError::missing(&format!("{pname}.image_url"))
-                    }
-                })?;
-            out.push(ContentPart {
-                kind: "input_image".into(),
-                text: None,
-                image_url: Some(url.clone()),
-            });
-        } else {
-            let text = content_text(&Value::Array(vec![p.clone()]), &pname, vision)?;
-            out.push(ContentPart::text(&text));
+        match kind(p).as_deref() {
+            Some("input_image") => {
+                let url = p
+                    .get("image_url")
+                    .filter(|u| u.is_string())
+                    .ok_or_else(|| {
+                        if p.get("file_id").is_some() {
+                            ApiError::unsupported(&pname, "`file_id` images (send `image_url`)")
+                        } else {
+                            ApiError::missing(&format!("{pname}.image_url"))
+                        }
+                    })?;
+                out.push(ContentPart {
+                    kind: "input_image".into(),
+                    text: None,
+                    image_url: Some(url.clone()),
+                    video_url: None,
+                    fps: None,
+                });
+            }
+            Some("input_video") => {
+                let url = p
+                    .get("video_url")
+                    .filter(|u| u.is_string() || u.get("url").is_some_and(Value::is_string))
+                    .ok_or_else(|| {
+                        if p.get("file_id").is_some() {
+                            ApiError::unsupported(&pname, "`file_id` videos (send `video_url`)")
+                        } else {
+                            ApiError::missing(&format!("{pname}.video_url"))
+                        }
+                    })?;
+                let fps = match p.get("fps") {
+                    None | Some(Value::Null) => None,
+                    Some(v) => Some(v.as_f64().ok_or_else(|| {
+                        ApiError::invalid(
+                            "invalid_type",
+                            Some(&format!("{pname}.fps")),
+                            format!("`{pname}.fps` must be a number"),
+                        )
+                    })?),
+                };
+                out.push(ContentPart {
+                    kind: "input_video".into(),
+                    text: None,
+                    image_url: None,
+                    video_url: Some(url.clone()),
+                    fps,
+                });
+            }
+            _ => {
+                let text = content_text(&Value::Array(vec![p.clone()]), &pname, vision)?;
+                out.push(ContentPart::text(&text));
+            }
         }
     }
     Ok(MessageContent::Parts(out))

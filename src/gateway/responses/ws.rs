@@ -390,7 +390,7 @@ impl Lane {
         };
         let store = req.store;
         let generate = req.generate;
-        let mut turn = match prepare(&self.state, req, prev.as_deref()) {
+        let mut turn = match prepare(&self.state, req, prev.as_deref()).await {
             Ok(t) => t,
             Err(e) => {
                 return self
