@@ -214,7 +214,8 @@ pub fn usage(s: &GenSummary) -> Value {
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": s.prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": s.cached_tokens, "cache_write_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": s.cached_tokens, "cache_write_tokens": 0,
+                                  "image_tokens": s.media_tokens()},
         "completion_tokens_details": {"reasoning_tokens": 0},
     })
 }

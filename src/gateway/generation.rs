@@ -59,6 +59,29 @@ pub struct GenSummary {
     pub output_ids: Vec<u32>,
     /// Format violations the parser reported (never shown as text).
     pub malformed: Vec<String>,
+    /// The prompt's media spans (images, video chunks), in order.
+    pub media: Vec<MediaUse>,
+}
+
+/// How one media span of the prompt was served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MediaUse {
+    /// Its tokens.
+    pub tokens: usize,
+    /// Whether its whole span came from the prefix cache (no prefill).
+    pub cached: bool,
+}
+
+impl GenSummary {
+    /// Prompt tokens that stand for media.
+    pub fn media_tokens(&self) -> usize {
+        self.media.iter().map(|m| m.tokens).sum()
+    }
+
+    /// Media tokens served from the prefix cache.
+    pub fn cached_media_tokens(&self) -> usize {
+        self.media.iter().filter(|m| m.cached).map(|m| m.tokens).sum()
+    }
 }
 
 /// What a generation streams.
@@ -241,6 +264,8 @@ pub async fn start_with(
     }
     let prompt_tokens = req.valid.prompt.len();
     let stop_ids = req.valid.stop.ids.clone();
+    let media_spans: Vec<(usize, usize)> =
+        req.valid.media.iter().map(|m| (m.offset, m.len)).collect();
     let t0 = Instant::now();
     let engine_rx = state.engine.submit_with(req.valid, constraint).await?;
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
@@ -256,6 +281,7 @@ pub async fn start_with(
         malformed: Vec::new(),
         prompt_tokens,
         stop_ids,
+        media_spans,
         t0,
         last: None,
     };
@@ -287,6 +313,8 @@ struct Driver {
     prompt_tokens: usize,
     /// Ids that end generation (no log-probabilities are sent for them).
     stop_ids: Vec<u32>,
+    /// `(offset, tokens)` of the prompt's media spans.
+    media_spans: Vec<(usize, usize)>,
     /// Submission time.
     t0: Instant,
     /// Time of the previous token.
@@ -482,6 +510,14 @@ impl Driver {
             miss_reason: miss,
             output_ids: std::mem::take(&mut self.ids),
             malformed: std::mem::take(&mut self.malformed),
+            media: self
+                .media_spans
+                .iter()
+                .map(|&(offset, tokens)| MediaUse {
+                    tokens,
+                    cached: offset + tokens <= cached,
+                })
+                .collect(),
         };
         self.send(GenEvent::Finished(summary)).await
     }

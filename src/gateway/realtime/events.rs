@@ -242,9 +242,11 @@ impl RealtimeResponse {
         let out = s.output_ids.len();
         json!({
             "total_tokens": s.prompt_tokens + out, "input_tokens": s.prompt_tokens, "output_tokens": out,
-            "input_token_details": {"cached_tokens": s.cached_tokens, "text_tokens": s.prompt_tokens,
-                "image_tokens": 0, "audio_tokens": 0,
-                "cached_tokens_details": {"text_tokens": s.cached_tokens, "image_tokens": 0, "audio_tokens": 0}},
+            "input_token_details": {"cached_tokens": s.cached_tokens,
+                "text_tokens": s.prompt_tokens - s.media_tokens(),
+                "image_tokens": s.media_tokens(), "audio_tokens": 0,
+                "cached_tokens_details": {"text_tokens": s.cached_tokens - s.cached_media_tokens(),
+                    "image_tokens": s.cached_media_tokens(), "audio_tokens": 0}},
             "output_token_details": {"text_tokens": out, "audio_tokens": 0},
         })
     }
@@ -276,7 +278,8 @@ impl RealtimeResponse {
             json!({"response_id": self.id, "prompt_tokens": s.prompt_tokens,
             "cached_tokens": s.cached_tokens,
             "miss_kind": s.miss_reason.map(|m| m.as_str()),
-            "miss_reason": s.miss_reason.map(|m| m.to_string())}),
+            "miss_reason": s.miss_reason.map(|m| m.to_string()),
+            "media": s.media.iter().map(|m| json!({"tokens": m.tokens, "cached": m.cached})).collect::<Vec<_>>()}),
         ));
         out.push(event(
             "response.done",

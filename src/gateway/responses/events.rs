@@ -492,6 +492,7 @@ mod tests {
             miss_reason: None,
             output_ids: vec![1, 2, 3],
             malformed: Vec::new(),
+            media: Vec::new(),
         }
     }
 
