@@ -95,15 +95,18 @@ fn main() -> Result<()> {
     let mut items = Vec::with_capacity(args.images.len());
     for p in &args.images {
         let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
-        let patches =
-            process_image_bytes(&bytes, &cfg).with_context(|| format!("preprocessing {}", p.display()))?;
+        let patches = process_image_bytes(&bytes, &cfg)
+            .with_context(|| format!("preprocessing {}", p.display()))?;
         items.push(VisionInput {
             pixel_values: patches.pixel_values,
             grid_thw: patches.grid_thw,
         });
     }
     let preprocess_s = t0.elapsed().as_secs_f64();
-    let patches: usize = items.iter().map(|i| i.grid_thw.iter().product::<usize>()).sum();
+    let patches: usize = items
+        .iter()
+        .map(|i| i.grid_thw.iter().product::<usize>())
+        .sum();
     let tokens: usize = items.iter().map(|i| tower.num_tokens(i.grid_thw)).sum();
 
     let one_at_a_time = || -> Result<Vec<Vec<f32>>> {
