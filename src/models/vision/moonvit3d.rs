@@ -23,6 +23,7 @@
 //! `vision_tower.encoder.final_layernorm`, `mm_projector.*`.
 
 use caracal_kernels::activation;
+use caracal_kernels::gemm;
 use caracal_kernels::Matrix;
 use rayon::prelude::*;
 
@@ -209,6 +210,10 @@ impl MoonVit3d {
     }
 
     /// Bidirectional attention of `qkv` (`[n, 3·q]`) within each segment.
+    ///
+    /// Per segment and head, as two matmuls on the f32 GEMM
+    /// (`S = scale·Q·Kᵀ`, then `O = softmax(S)·V`) with the row softmax in
+    /// between: the `len × len` scores of one head exist at a time.
     fn attention(&self, qkv: &[f32], segs: &[Segment], n: usize) -> Vec<f32> {
         let (qw, heads, hd) = (self.cfg.qkv_hidden, self.cfg.heads, self.cfg.head_dim());
         let scale = (hd as f32).powf(-0.5);
@@ -216,38 +221,44 @@ impl MoonVit3d {
         for s in segs {
             let len = s.grid.iter().product::<usize>();
             let rows = &qkv[s.start * 3 * qw..(s.start + len) * 3 * qw];
-            out[s.start * qw..(s.start + len) * qw]
-                .par_chunks_mut(qw)
-                .enumerate()
-                .for_each(|(i, o)| {
-                    let mut scores = vec![0.0f32; len];
-                    for h in 0..heads {
-                        let qi = &rows[i * 3 * qw + h * hd..i * 3 * qw + (h + 1) * hd];
-                        let mut max = f32::NEG_INFINITY;
-                        for (j, sc) in scores.iter_mut().enumerate() {
-                            let kj =
-                                &rows[j * 3 * qw + qw + h * hd..j * 3 * qw + qw + (h + 1) * hd];
-                            let dot: f32 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
-                            *sc = dot * scale;
-                            max = max.max(*sc);
-                        }
-                        let mut sum = 0.0f32;
-                        for sc in scores.iter_mut() {
-                            *sc = (*sc - max).exp();
-                            sum += *sc;
-                        }
-                        let oh = &mut o[h * hd..(h + 1) * hd];
-                        for (j, &p) in scores.iter().enumerate() {
-                            let vj = &rows
-                                [j * 3 * qw + 2 * qw + h * hd..j * 3 * qw + 2 * qw + (h + 1) * hd];
-                            for (a, &v) in oh.iter_mut().zip(vj) {
-                                *a += p * v;
-                            }
-                        }
-                        let inv = 1.0 / sum;
-                        oh.iter_mut().for_each(|a| *a *= inv);
+            let (mut q, mut k, mut vt) = (
+                vec![0.0f32; len * hd],
+                vec![0.0f32; len * hd],
+                vec![0.0f32; hd * len],
+            );
+            let (mut scores, mut o) = (vec![0.0f32; len * len], vec![0.0f32; len * hd]);
+            for h in 0..heads {
+                for (j, r) in rows.chunks_exact(3 * qw).enumerate() {
+                    let (qr, kr, vr) = (
+                        &r[h * hd..(h + 1) * hd],
+                        &r[qw + h * hd..qw + (h + 1) * hd],
+                        &r[2 * qw + h * hd..2 * qw + (h + 1) * hd],
+                    );
+                    for (d, &x) in q[j * hd..(j + 1) * hd].iter_mut().zip(qr) {
+                        *d = x * scale;
                     }
+                    k[j * hd..(j + 1) * hd].copy_from_slice(kr);
+                    for (c, &x) in vr.iter().enumerate() {
+                        vt[c * len + j] = x;
+                    }
+                }
+                gemm::matmul_f32(&q, len, &k, len, hd, &mut scores);
+                scores.par_chunks_mut(len).for_each(|row| {
+                    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0.0f32;
+                    for v in row.iter_mut() {
+                        *v = (*v - max).exp();
+                        sum += *v;
+                    }
+                    let inv = 1.0 / sum;
+                    row.iter_mut().for_each(|v| *v *= inv);
                 });
+                gemm::matmul_f32(&scores, len, &vt, hd, len, &mut o);
+                let dst = &mut out[s.start * qw..(s.start + len) * qw];
+                for (d, src) in dst.chunks_exact_mut(qw).zip(o.chunks_exact(hd)) {
+                    d[h * hd..(h + 1) * hd].copy_from_slice(src);
+                }
+            }
         }
         out
     }
