@@ -38,7 +38,9 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use caracal::checkpoint::gguf::{import_gguf, ImportOptions};
-use caracal::constrain::{ConstraintFactory, TokenEnv, ToolChoice, ToolFormat, ToolsSpec};
+use caracal::constrain::{
+    ConstraintFactory, ConstraintLimits, TokenEnv, ToolChoice, ToolFormat, ToolsSpec,
+};
 use caracal::gateway::engine::ConstraintSetup;
 use caracal::gateway::{EngineHost, Gateway, GatewayConfig, ServedModel};
 use caracal::generate::LoadedModel;
@@ -102,9 +104,13 @@ struct Server {
 }
 
 async fn serve(m: &Model, tool_calls: bool) -> Server {
+    serve_with(m, m.factory.clone(), tool_calls).await
+}
+
+async fn serve_with(m: &Model, factory: Arc<ConstraintFactory>, tool_calls: bool) -> Server {
     let served = ServedModel::new("m", m.model.as_ref(), Some(m.tokenizer.clone()), false);
     let setup = ConstraintSetup {
-        factory: Some(m.factory.clone()),
+        factory: Some(factory),
         tool_calls,
         jump_forward: true,
     };
@@ -411,4 +417,75 @@ async fn full_stress_on_both_models() {
     if let Some(m) = smollm2(&dir) {
         stress(&m, calls, usize::MAX).await;
     }
+}
+
+/// A grammar that cannot go on mid-generation reaches the client as
+/// `constraint_violation`, and the server keeps serving. The honest way to
+/// get there through the gateway is a step past the per-step limits
+/// ([`ConstraintLimits::step_max_items`]: the Earley items one token mask
+/// may create), which is what a hostile schema does to the default limits;
+/// here the factory's limit is lowered to one item, so that an ordinary
+/// schema's first steps (its forced-token computation) exceed it while its
+/// compilation, which runs no step, still passes.
+/// A grammar that merely runs out of `max_tokens` ends with
+/// `finish_reason: "length"` instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grammar_past_its_step_limits_is_a_constraint_violation_on_the_socket() {
+    let m = default_model();
+    let dir = caracal::convert::synth::default_model_dir().expect("the default model is made");
+    let env = TokenEnv::load(&dir, m.tokenizer.clone(), Some(m.model.info().vocab_size))
+        .expect("a token trie");
+    let limits = ConstraintLimits {
+        step_max_items: 1,
+        ..ConstraintLimits::default()
+    };
+    let tight = Arc::new(ConstraintFactory::with_limits(env, limits).expect("a factory"));
+    let server = serve_with(&m, tight, true).await;
+    let schema = json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14}
+    }, "required": ["city", "days"], "additionalProperties": false});
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "a", "schema": schema}});
+    let body = json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "Weather?"}],
+        "max_tokens": 64,
+        "reasoning_effort": "none",
+        "response_format": rf,
+    });
+    let (status, answer) =
+        gateway_support::json(server.addr, "POST", "/v1/chat/completions", &body).await;
+    assert_eq!(status, 500, "{answer}");
+    assert_eq!(answer["error"]["code"], "constraint_violation", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    println!("constraint_violation: {message}");
+    assert!(message.contains("limit"), "the message says why: {message}");
+    // Streamed, the error arrives as an error frame.
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let frames = gateway_support::sse(server.addr, "/v1/chat/completions", &stream).await;
+    assert!(
+        frames
+            .iter()
+            .any(|f| f["error"]["code"] == "constraint_violation"),
+        "{frames:?}"
+    );
+    // Tool calls take the same path.
+    let tools =
+        json!([{"type": "function", "function": {"name": "get_weather", "parameters": schema}}]);
+    let mut call = body.clone();
+    call.as_object_mut().unwrap().remove("response_format");
+    call["tools"] = tools;
+    call["tool_choice"] = json!("required");
+    let (status, answer) =
+        gateway_support::json(server.addr, "POST", "/v1/chat/completions", &call).await;
+    assert_eq!(status, 500, "{answer}");
+    assert_eq!(answer["error"]["code"], "constraint_violation", "{answer}");
+    // The server goes on: unconstrained requests still complete.
+    let plain = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 4, "reasoning_effort": "none"});
+    let (status, answer) =
+        gateway_support::json(server.addr, "POST", "/v1/chat/completions", &plain).await;
+    assert_eq!(status, 200, "{answer}");
+    server.shutdown().await;
 }
