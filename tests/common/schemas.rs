@@ -9,7 +9,8 @@
 //! with `additionalProperties: false`. Every value has a bounded spelling
 //! except JSON numbers, whose fraction digits no schema keyword bounds;
 //! [`Draw::finite_numbers`] adds a power-of-two `multipleOf` so that a
-//! model that never chooses to end a number still must.
+//! model that never chooses to end a number still must (and keeps those
+//! ranges non-negative, see [`value_schema`]).
 //!
 //! Also [`check_calls`], the independent check (the `jsonschema` crate) of
 //! parsed calls against what a spec allows, and [`openai_tools`], a spec
@@ -94,7 +95,13 @@ fn value_schema(rng: &mut Rng, draw: Draw, depth: usize) -> Value {
             s
         }
         3 => {
-            let lo = rng.range(-100, 100) as f64 / 4.0;
+            let mut lo = rng.range(-100, 100) as f64 / 4.0;
+            if draw.finite_numbers {
+                // The `jsonschema` crate (0.33) finds no negative number a
+                // multiple of a fractional `multipleOf` (-3.5 of 0.5, say):
+                // these ranges start at 0.
+                lo = lo.abs();
+            }
             let mut s = json!({"type": "number", "minimum": lo, "maximum": lo + rng.range(1, 400) as f64 / 8.0});
             if draw.finite_numbers {
                 s["multipleOf"] = json!([0.5, 0.25, 0.125][rng.below(3)]);
