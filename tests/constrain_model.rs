@@ -23,7 +23,7 @@
 //! cached. A call that hits `max_tokens` fails the test.
 //!
 //! CI runs [`CI_CALLS`] and [`CI_CALLS_SMOLLM2`]; the full run is
-//! `STRESS_CALLS=1000 cargo test --release --test constrain_model -- --ignored`.
+//! `STRESS_CALLS=1000 cargo test --release --test constrain_model -- --ignored --test-threads 1`.
 
 mod common;
 mod gateway_support;
@@ -318,6 +318,9 @@ async fn stress(m: &Model, calls: usize, baseline: usize) {
         t.longest,
         t.prompt_tokens
     );
+    for e in t.invalid.iter().take(5) {
+        println!("  INVALID {}", truncate(e, 1500));
+    }
     let t1 = Instant::now();
     let same: Vec<Case> = t
         .answered
@@ -416,18 +419,32 @@ async fn smollm2_tool_calls_through_the_scheduler_parse_and_validate() {
     stress(&m, target(CI_CALLS_SMOLLM2.0), CI_CALLS_SMOLLM2.1).await;
 }
 
-/// The full run: 1,000 calls per model (or `STRESS_CALLS`), every request
-/// also sent unconstrained.
+/// Requests of each full run the baseline repeats (`STRESS_BASELINE`).
+const FULL_BASELINE: usize = 160;
+
+fn full_baseline() -> usize {
+    std::env::var("STRESS_BASELINE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(FULL_BASELINE)
+}
+
+/// The full run on the default model: 1,000 calls (or `STRESS_CALLS`), the
+/// first [`FULL_BASELINE`] requests also sent unconstrained.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "minutes in release: STRESS_CALLS=1000 cargo test --release --test constrain_model -- --ignored"]
-async fn full_stress_on_both_models() {
-    let calls = target(1000);
+#[ignore = "minutes in release: STRESS_CALLS=1000 cargo test --release --test constrain_model -- --ignored --test-threads 1"]
+async fn full_stress_default_model() {
     let m = default_model();
-    stress(&m, calls, usize::MAX).await;
-    drop(m);
+    stress(&m, target(1000), full_baseline()).await;
+}
+
+/// The full run on SmolLM2, as [`full_stress_default_model`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "minutes in release: STRESS_CALLS=1000 cargo test --release --test constrain_model -- --ignored --test-threads 1"]
+async fn full_stress_smollm2() {
     let dir = TempDir::new("stress-smollm2-full");
     if let Some(m) = smollm2(&dir) {
-        stress(&m, calls, usize::MAX).await;
+        stress(&m, target(1000), full_baseline()).await;
     }
 }
 
