@@ -102,9 +102,13 @@ fn value_schema(rng: &mut Rng, draw: Draw, depth: usize) -> Value {
                 // these ranges start at 0.
                 lo = lo.abs();
             }
-            let mut s = json!({"type": "number", "minimum": lo, "maximum": lo + rng.range(1, 400) as f64 / 8.0});
+            let width = rng.range(1, 400) as f64 / 8.0;
+            let mut s = json!({"type": "number", "minimum": lo, "maximum": lo + width});
             if draw.finite_numbers {
-                s["multipleOf"] = json!([0.5, 0.25, 0.125][rng.below(3)]);
+                // At least one step wide, so that the range holds a multiple.
+                let step = [0.5, 0.25, 0.125][rng.below(3)];
+                s["maximum"] = json!(lo + width.max(step));
+                s["multipleOf"] = json!(step);
             }
             s
         }
