@@ -14,17 +14,20 @@
 //! the K2 run registers K2's specials over the same ranks), the tiny-llama
 //! fixture's `tokenizer.json`, and SmolLM2's when its GGUF is cached.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
+use common::schemas::{check_calls, draw_spec, Draw, Rng};
+
 use caracal::chat::toolcall::{
     HermesStreamParser, K2StreamParser, K3StreamParser, ParseEvent, StreamParser,
 };
 use caracal::constrain::{
-    Constraint, ConstraintFactory, ConstraintSpec, TokenEnv, ToolChoice, ToolDecl, ToolFormat,
-    ToolsSpec,
+    Constraint, ConstraintFactory, ConstraintSpec, TokenEnv, ToolChoice, ToolFormat, ToolsSpec,
 };
 use caracal::convert::synth::{
     synthesize, truncated_o200k_rank_file, SynthOptions, DEFAULT_SEED, KIMI_NUM_RANKS,
@@ -40,139 +43,6 @@ const MAX_TOKENS: usize = 6_000;
 /// values uniform sampling would make very long (a number's digits before
 /// K3's `<|close|>`, one closer among a thousand digit tokens) end.
 const SOFT_BUDGET: usize = 300;
-
-/// SplitMix64: a small seeded generator, so every run draws the same cases.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + (self.next() % (hi - lo + 1) as u64) as i64
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-}
-
-const PATTERNS: [(&str, u64); 6] = [
-    ("^[a-z]{1,8}$", 8),
-    ("^[A-Z][a-z0-9]{0,6}$", 7),
-    ("^[0-9]{3}-[0-9]{2}$", 6),
-    ("^(red|green|blue)$", 5),
-    ("^[a-z_]+$", 10),
-    ("^v[0-9]+\\.[0-9]+$", 9),
-];
-
-const WORDS: [&str; 12] = [
-    "city", "query", "limit", "mode", "tags", "owner", "filter", "range", "label", "when", "score",
-    "items",
-];
-
-/// A random schema for a value at object depth `depth` (1 = inside the arguments).
-fn value_schema(rng: &mut Rng, depth: usize) -> Value {
-    let pick = rng.below(if depth < 3 { 10 } else { 8 });
-    match pick {
-        0 | 1 => {
-            let mut s = json!({"type": "string", "maxLength": rng.range(1, 16)});
-            if rng.chance(0.4) {
-                let (p, max) = PATTERNS[rng.below(PATTERNS.len())];
-                s = json!({"type": "string", "pattern": p, "maxLength": max});
-            } else if rng.chance(0.3) {
-                s["minLength"] = json!(1);
-            }
-            s
-        }
-        2 => {
-            let lo = rng.range(-1000, 1000);
-            let mut s =
-                json!({"type": "integer", "minimum": lo, "maximum": lo + rng.range(0, 5000)});
-            if rng.chance(0.3) {
-                s = json!({"type": "integer", "exclusiveMinimum": lo, "exclusiveMaximum": lo + rng.range(2, 50)});
-            }
-            s
-        }
-        3 => {
-            let lo = rng.range(-100, 100) as f64 / 4.0;
-            json!({"type": "number", "minimum": lo, "maximum": lo + rng.range(1, 400) as f64 / 8.0})
-        }
-        4 => json!({"type": "boolean"}),
-        5 => {
-            let mut values: Vec<Value> = (0..rng.range(1, 4))
-                .map(|i| json!(format!("{}_{i}", WORDS[rng.below(WORDS.len())])))
-                .collect();
-            if rng.chance(0.3) {
-                values.push(json!(rng.range(0, 9)));
-            }
-            json!({"enum": values})
-        }
-        6 => json!({"anyOf": [value_schema(rng, 3), value_schema(rng, 3), {"type": "null"}]}),
-        7 => {
-            let min = rng.range(0, 2);
-            json!({"type": "array", "items": value_schema(rng, 3), "minItems": min, "maxItems": min + rng.range(0, 3)})
-        }
-        8 => {
-            let min = rng.range(0, 1);
-            json!({"type": "array", "items": object_schema(rng, depth + 1), "minItems": min, "maxItems": min + rng.range(0, 2)})
-        }
-        _ => object_schema(rng, depth + 1),
-    }
-}
-
-/// A random object schema at `depth` (nesting stops at 3).
-fn object_schema(rng: &mut Rng, depth: usize) -> Value {
-    let n = rng.range(1, if depth == 1 { 5 } else { 3 }) as usize;
-    let mut props = Map::new();
-    let mut required = Vec::new();
-    for i in 0..n {
-        let key = format!("{}{i}", WORDS[rng.below(WORDS.len())]);
-        if rng.chance(0.6) {
-            required.push(json!(key));
-        }
-        props.insert(key, value_schema(rng, depth));
-    }
-    json!({"type": "object", "properties": props, "required": required, "additionalProperties": false})
-}
-
-const NAMES: [&str; 8] = [
-    "get_weather",
-    "search_docs",
-    "create_ticket",
-    "send_mail",
-    "list_files",
-    "book_table",
-    "convert_units",
-    "lookup_user",
-];
-
-/// One case: the tools, the choice, parallelism.
-fn draw_spec(rng: &mut Rng, format: ToolFormat) -> ToolsSpec {
-    let tools: Vec<ToolDecl> = (0..rng.range(1, 3))
-        .map(|i| ToolDecl {
-            name: format!("{}_{i}", NAMES[rng.below(NAMES.len())]),
-            parameters: object_schema(rng, 1),
-        })
-        .collect();
-    let choice = match rng.below(10) {
-        0..=5 => ToolChoice::Required,
-        6 | 7 => ToolChoice::Named(tools[rng.below(tools.len())].name.clone()),
-        _ => ToolChoice::Auto,
-    };
-    ToolsSpec {
-        tools,
-        choice,
-        parallel: rng.chance(0.5),
-        format,
-    }
-}
 
 /// A vocabulary and how its format's output is read back.
 struct Run {
@@ -228,29 +98,6 @@ impl Run {
             })
             .collect()
     }
-}
-
-/// Whether `calls` are well-formed calls of `spec` (names, count, schemas).
-fn check_calls(spec: &ToolsSpec, calls: &[(String, Value)]) -> Result<(), String> {
-    if calls.is_empty() {
-        return Err("no call".into());
-    }
-    if !spec.parallel && calls.len() > 1 {
-        return Err(format!("{} calls without parallel_tool_calls", calls.len()));
-    }
-    for (name, args) in calls {
-        let tool = spec
-            .callable()
-            .into_iter()
-            .find(|t| &t.name == name)
-            .ok_or_else(|| format!("undeclared tool {name}"))?;
-        let validator = jsonschema::validator_for(&tool.parameters).map_err(|e| e.to_string())?;
-        let first_error = validator.iter_errors(args).next().map(|e| e.to_string());
-        if let Some(e) = first_error {
-            return Err(format!("{name}({args}) breaks its schema: {e}"));
-        }
-    }
-    Ok(())
 }
 
 /// Samples one output under the constraint; returns its tokens.
@@ -366,7 +213,14 @@ fn stress(run: &Run, seed: u64) -> Tally {
     let mut tally = Tally::default();
     let vocab = run.factory.env().vocab_size();
     while tally.calls < CALLS_PER_RUN {
-        let spec = draw_spec(&mut rng, run.format);
+        let spec = draw_spec(
+            &mut rng,
+            run.format,
+            Draw {
+                auto: true,
+                finite_numbers: false,
+            },
+        );
         let tokens = sample(run, &spec, &mut rng)
             .unwrap_or_else(|e| panic!("{} case {}: {e}\n{spec:#?}", run.name, tally.cases));
         let text = run.tok.decode(&tokens, false).expect("decodes");

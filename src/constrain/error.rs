@@ -102,7 +102,15 @@ impl CompileError {
     /// hit, unsupported keywords, missing definitions, other schema errors.
     pub(crate) fn from_engine(context: &str, message: String) -> CompileError {
         let context = context.to_string();
-        let lower = message.to_lowercase();
+        // The engine's own words are the first line; the lines after it
+        // quote the grammar, whose names (a property `limit`) say nothing.
+        let lower = message.lines().next().unwrap_or_default().to_lowercase();
+        if lower.contains("unsatisfiable") {
+            return CompileError::InvalidSchema {
+                context,
+                detail: message,
+            };
+        }
         let limit_words = [
             "limit",
             "too large",
@@ -166,5 +174,12 @@ mod tests {
         let e = CompileError::from_engine("x", "Unsatisfiable schema: min > max".into());
         assert_eq!(e.kind(), "invalid_schema");
         assert!(e.to_string().contains("Unsatisfiable"));
+        // Grammar lines quoted after the message do not decide the kind.
+        let quoted = "at 13(9): failed to compile JSON schema: Unsatisfiable schema: range [15, 14.5] \
+                      does not contain a multiple of 0.5\n  11 | j0: %json {\"properties\":{\"limit0\":{}}}";
+        let e = CompileError::from_engine("tools", quoted.into());
+        assert_eq!(e.kind(), "invalid_schema", "{e}");
+        let e = CompileError::from_engine("x", "Too many items (limit 9; mask)\n  1 | a: b".into());
+        assert_eq!(e.kind(), "grammar_too_large");
     }
 }

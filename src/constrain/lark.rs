@@ -1,7 +1,8 @@
 //! Pieces of llguidance's Lark syntax the grammar builders share: string
 //! literals, control markers (special tokens by id, or text), `%json`
-//! rules with Caracal's JSON layout, and free-text terminals that can
-//! never spell a control marker.
+//! rules with Caracal's JSON layout, free-text terminals that can never
+//! spell a control marker, and [`guard_json_strings`], which keeps JSON
+//! string values from spelling one either.
 
 use serde_json::Value;
 
@@ -130,6 +131,86 @@ pub fn free_text_terminal(name: &str, excluded: &[&str]) -> String {
     format!("{name}: /(?s:.*)/ & ~/(?s:.*)(?:{alts})(?s:.*)/\n")
 }
 
+/// JSON string values with no `<|` (every Kimi marker starts so): any
+/// `<` run is followed by a character other than `<` and `|`, or ends
+/// the string.
+pub const NO_PIPE_MARKER: &str = "^(?:[^<]|<+[^<|])*<*$";
+
+/// JSON string values that contain none of the texts the K2 parser acts
+/// on inside arguments: no `<|` (every `<|…|>` marker), no `<think>` and
+/// no `</think>`. Each `<` starts a unit that either takes the next
+/// character, which breaks the marker (`F`), or is a proper prefix of
+/// `<think` / `</think` followed by another `<` or the end (`P`):
+/// `^(?:[^<]|P*F)*P*$`.
+pub const NO_K2_MARKER: &str = concat!(
+    "^(?:[^<]|",
+    "(?:<(?:t(?:h(?:i(?:n(?:k)?)?)?)?|/(?:t(?:h(?:i(?:n(?:k)?)?)?)?)?)?)*",
+    "<(?:[^<|t/]|t(?:[^<h]|h(?:[^<i]|i(?:[^<n]|n(?:[^<k]|k[^<>]))))",
+    "|/(?:[^<t]|t(?:[^<h]|h(?:[^<i]|i(?:[^<n]|n(?:[^<k]|k[^<>]))))))",
+    ")*",
+    "(?:<(?:t(?:h(?:i(?:n(?:k)?)?)?)?|/(?:t(?:h(?:i(?:n(?:k)?)?)?)?)?)?)*$",
+);
+
+/// `schema` with every `"type": "string"` subschema also matching
+/// `no_marker` (one of [`NO_PIPE_MARKER`], [`NO_K2_MARKER`]): a pattern
+/// is added, or intersected (`allOf`) with the schema's own.
+///
+/// A format whose parser scans the text for markers (K2 arguments, K3
+/// non-string arguments) would otherwise act on a marker a string value
+/// spells with plain tokens and cut the call there. Values the walk
+/// cannot reach stay unguarded: strings under an untyped schema (`{}`, a
+/// `type` list), keys of objects open to undeclared properties, and
+/// `enum`/`const` values (the schema's author wrote those).
+pub fn guard_json_strings(schema: &Value, no_marker: &str) -> Value {
+    let Value::Object(o) = schema else {
+        return schema.clone();
+    };
+    let mut out = serde_json::Map::with_capacity(o.len());
+    for (k, v) in o {
+        let guarded = match (k.as_str(), v) {
+            (
+                "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas",
+                Value::Object(m),
+            ) => Value::Object(
+                m.iter()
+                    .map(|(name, s)| (name.clone(), guard_json_strings(s, no_marker)))
+                    .collect(),
+            ),
+            ("items" | "additionalItems" | "additionalProperties", s @ Value::Object(_)) => {
+                guard_json_strings(s, no_marker)
+            }
+            ("items" | "prefixItems" | "anyOf" | "oneOf" | "allOf", Value::Array(list)) => {
+                Value::Array(
+                    list.iter()
+                        .map(|s| guard_json_strings(s, no_marker))
+                        .collect(),
+                )
+            }
+            _ => v.clone(),
+        };
+        out.insert(k.clone(), guarded);
+    }
+    if out.get("type").and_then(Value::as_str) != Some("string") {
+        return Value::Object(out);
+    }
+    if !out.contains_key("pattern") {
+        out.insert("pattern".into(), Value::String(no_marker.to_string()));
+        return Value::Object(out);
+    }
+    // Definitions stay at the level their references resolve from.
+    let mut wrapper = serde_json::Map::new();
+    for key in ["$defs", "definitions"] {
+        if let Some(d) = out.remove(key) {
+            wrapper.insert(key.into(), d);
+        }
+    }
+    wrapper.insert(
+        "allOf".into(),
+        serde_json::json!([Value::Object(out), {"type": "string", "pattern": no_marker}]),
+    );
+    Value::Object(wrapper)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +222,84 @@ mod tests {
         assert_eq!(
             free_text_terminal("T", &["<|x|>"]),
             "T: /(?s:.*)/ & ~/(?s:.*)(?:<\\|x\\|>)(?s:.*)/\n"
+        );
+    }
+
+    /// The guards' regexes against their definition, on 200,000 seeded
+    /// random strings built from the pieces markers are made of.
+    #[test]
+    fn marker_guards_match_exactly_the_strings_without_markers() {
+        let k2 = fancy_regex::Regex::new(NO_K2_MARKER).unwrap();
+        let pipe = fancy_regex::Regex::new(NO_PIPE_MARKER).unwrap();
+        let pieces = [
+            "<", "|", "/", "t", "h", "i", "n", "k", ">", "a", "<t", "hin", "think", "</", "\n",
+        ];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut checked = 0;
+        let mut with_marker = 0;
+        for _ in 0..200_000 {
+            let len = (next() % 12) as usize;
+            let s: String = (0..len)
+                .map(|_| pieces[(next() % pieces.len() as u64) as usize])
+                .collect();
+            let no_pipe = !s.contains("<|");
+            let no_k2 = no_pipe && !s.contains("<think>") && !s.contains("</think>");
+            assert_eq!(pipe.is_match(&s).unwrap(), no_pipe, "{s:?}");
+            assert_eq!(k2.is_match(&s).unwrap(), no_k2, "{s:?}");
+            checked += 1;
+            with_marker += usize::from(!no_k2 && no_pipe);
+        }
+        assert!(with_marker > 100, "think markers were drawn: {with_marker}");
+        assert_eq!(checked, 200_000);
+        for s in [
+            "",
+            "a < b | c",
+            "<b>x</b>",
+            "<thin>",
+            "</thinking>",
+            "<<t<",
+            "x\n<",
+        ] {
+            assert!(k2.is_match(s).unwrap(), "{s:?}");
+        }
+        for s in ["<|", "a<|tool_call_end|>", "<think>", "x</think>", "<<|"] {
+            assert!(!k2.is_match(s).unwrap(), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn guards_reach_typed_strings_and_keep_definitions_in_place() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "a": {"type": "string", "maxLength": 5},
+                "b": {"type": "array", "items": {"type": "string", "pattern": "^x"}},
+                "c": {"anyOf": [{"$ref": "#/$defs/s"}, {"type": "integer"}]}
+            },
+            "$defs": {"s": {"type": "string"}}
+        });
+        let g = guard_json_strings(&schema, NO_PIPE_MARKER);
+        assert_eq!(g["properties"]["a"]["pattern"], NO_PIPE_MARKER);
+        assert_eq!(g["properties"]["a"]["maxLength"], 5);
+        let b = &g["properties"]["b"]["items"]["allOf"];
+        assert_eq!(b[0]["pattern"], "^x");
+        assert_eq!(b[1]["pattern"], NO_PIPE_MARKER);
+        assert_eq!(g["$defs"]["s"]["pattern"], NO_PIPE_MARKER);
+        assert_eq!(
+            g["properties"]["c"]["anyOf"][1],
+            serde_json::json!({"type": "integer"})
+        );
+        let top = serde_json::json!({"type": "string", "pattern": "^a", "$defs": {"d": {}}});
+        let g = guard_json_strings(&top, NO_PIPE_MARKER);
+        assert!(
+            g["$defs"].is_object() && g["allOf"][0].get("$defs").is_none(),
+            "{g}"
         );
     }
 

@@ -1,13 +1,15 @@
 //! Helpers shared by the integration tests: fixture paths and reference
 //! files, scratch folders, the SmolLM2 GGUF, and the real server binary as
-//! a child process ([`serve`]). (Deterministic test data comes
-//! from the one generator, `caracal_kernels::testing`.)
+//! a child process ([`serve`]), and random tool schemas ([`schemas`]).
+//! (Deterministic test data comes from the one generator,
+//! `caracal_kernels::testing`.)
 //!
 //! Each test file takes what it needs with `mod common;`; items a file does
 //! not use are allowed to stay unused.
 
 #![allow(dead_code)]
 
+pub mod schemas;
 pub mod serve;
 
 use std::path::{Path, PathBuf};

@@ -10,10 +10,16 @@
 //! `first_call_index` (the chat template numbers calls over the whole
 //! conversation). Arguments are compact JSON under the tool's schema.
 //! Lazy (`auto`): any text, then optionally the section; immediate:
-//! the section first. Text and reasoning never spell a K2 marker.
+//! the section first. Text and reasoning never spell a K2 marker, and
+//! neither do string values of the arguments
+//! ([`crate::constrain::lark::guard_json_strings`]): the parser scans the
+//! arguments for markers as text, so a string that spelled
+//! `<|tool_call_end|>` with plain tokens would end the call there.
 
 use super::{call_sequence, ToolDecl};
-use crate::constrain::lark::{free_text_terminal, json_rule, lit, JsonLayout, Marker};
+use crate::constrain::lark::{
+    free_text_terminal, guard_json_strings, json_rule, lit, JsonLayout, Marker, NO_K2_MARKER,
+};
 use crate::constrain::{CompileError, TokenEnv};
 
 /// The marker texts [`crate::chat::toolcall::K2StreamParser`] acts on.
@@ -83,7 +89,10 @@ pub fn grammar(
     for (i, tool) in tools.iter().enumerate() {
         g.push_str(&format!(
             "args_{i}: {}\n",
-            json_rule(&tool.parameters, JsonLayout::Compact)
+            json_rule(
+                &guard_json_strings(&tool.parameters, NO_K2_MARKER),
+                JsonLayout::Compact
+            )
         ));
     }
     Ok(g)

@@ -13,13 +13,14 @@
 //! [`super::ConstraintLimits::max_parallel_calls`] per
 //! `parallel_tool_calls`, and free text can never spell a control marker.
 //!
-//! Known gap: inside JSON string values (K2 arguments, Hermes calls, K3's
-//! non-string arguments) the JSON grammar allows any text, so a string could
-//! spell a marker such as `<|tool_call_end|>` with plain tokens, which the
-//! K2 parser would act on (the Hermes parser reads whole JSON values and is
-//! immune; K3's raw string arguments exclude markers). Uniform sampling over
-//! the vocabulary has never produced one; a model would have to spell the
-//! marker's text token by token instead of emitting its special token.
+//! JSON string values inside K2 arguments and K3 non-string arguments
+//! cannot spell a marker either ([`super::lark::guard_json_strings`]):
+//! those parsers scan the text for markers, so a string that spelled
+//! `<|tool_call_end|>` with plain tokens would end the call inside it.
+//! (The Hermes parser reads whole JSON values and is immune; K3's raw
+//! string arguments exclude markers by their own terminal.) Still
+//! unguarded: strings under untyped schemas (`{}`, `type` lists), keys of
+//! objects open to undeclared properties, and `enum`/`const` values.
 
 pub mod hermes;
 pub mod kimi_k2;

@@ -558,3 +558,66 @@ fn forced_runs_come_back_as_jump_forward_tokens() {
     }
     assert!(!c.is_done());
 }
+
+/// `before` and `after` tokenized with their special tokens, `plain` with
+/// ordinary tokens only (a marker in it is spelled, not emitted).
+fn spelled(m: &Model, before: &str, plain: &str, after: &str) -> Vec<u32> {
+    let tik = m.tok.as_tiktoken().expect("a Kimi vocabulary");
+    let mut ids = m.tok.encode_chat(before).unwrap();
+    ids.extend(tik.encode_ordinary(plain).unwrap());
+    ids.extend(m.tok.encode_chat(after).unwrap());
+    ids
+}
+
+#[test]
+fn k2_string_arguments_cannot_spell_a_marker() {
+    let m = k2();
+    let format = ToolFormat::KimiK2 {
+        first_call_index: 0,
+        thinking: false,
+    };
+    let spec = tools(ToolChoice::Required, format);
+    let head = "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>";
+    let tail = "<|tool_call_end|><|tool_calls_section_end|>";
+    // What the parser would make of one: the call ends inside the string.
+    let mut p = K2StreamParser::new();
+    let mut events = p.push(&format!("{head}{{\"city\":\"a<|tool_call_end|>\"}}{tail}"));
+    events.extend(p.finish());
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, ParseEvent::Malformed { .. })),
+        "{events:?}"
+    );
+    for bad in [
+        "a<|tool_call_end|>",
+        "<|tool_calls_section_end|>",
+        "x<think>",
+        "</think>",
+    ] {
+        let ids = spelled(m, head, &format!("{{\"city\":{}}}", json!(bad)), tail);
+        assert!(run(m, &spec, &ids).is_err(), "{bad:?} was allowed");
+    }
+    for good in ["a < b | c", "<b>x</b>", "<thin>", "|>", "<"] {
+        let ids = spelled(m, head, &format!("{{\"city\":{}}}", json!(good)), tail);
+        run(m, &spec, &ids).unwrap_or_else(|e| panic!("{good:?}: {e:?}"));
+    }
+}
+
+#[test]
+fn k3_json_arguments_cannot_spell_a_marker() {
+    let m = k3();
+    let spec = tools(ToolChoice::Required, ToolFormat::KimiK3 { thinking: false });
+    let good = k3_output(false, "");
+    // `filters` is an object argument: JSON inside the element.
+    let at = good.find("\"en\"").expect("the filters argument") + 1;
+    let (before, after) = (&good[..at], &good[at + 2..]);
+    for bad in ["<|close|>", "a<|sep|>b"] {
+        let ids = spelled(m, before, bad, after);
+        assert!(run(m, &spec, &ids).is_err(), "{bad:?} was allowed");
+    }
+    for fine in ["a < b", "|>x", "<think>"] {
+        let ids = spelled(m, before, fine, after);
+        run(m, &spec, &ids).unwrap_or_else(|e| panic!("{fine:?}: {e:?}"));
+    }
+}

@@ -10,7 +10,9 @@
 //!   which implies the schema's search semantics) and "no XTML marker";
 //! - every other type: `%json` of the schema narrowed to that type, laid
 //!   out as Python's `json.dumps` (what K3 renders), with the document's
-//!   `$defs` carried along.
+//!   `$defs` carried along, its strings unable to spell `<|`
+//!   ([`crate::constrain::lark::guard_json_strings`]: the parser finds
+//!   markers as text, even inside JSON).
 //!
 //! `anyOf`/`oneOf` properties offer each branch's types; `enum`/`const`
 //! their values. Anything this cannot express faithfully (a `format`, a
@@ -22,7 +24,9 @@ use serde_json::{Map, Value};
 
 use super::kimi_k3::{Xtml, K3_MARKER_TEXTS};
 use crate::chat::toolcall::kimi_k3::escape_attr;
-use crate::constrain::lark::{json_rule, regex_escape, JsonLayout};
+use crate::constrain::lark::{
+    guard_json_strings, json_rule, regex_escape, JsonLayout, NO_PIPE_MARKER,
+};
 use crate::constrain::schema::resolve_ref;
 use crate::constrain::CompileError;
 
@@ -88,7 +92,10 @@ pub(crate) fn args_rules(
                         Variant::Json(ty, schema) => {
                             out.push_str(&format!(
                                 "j{i}_{j}_{n}: {}\n",
-                                json_rule(&with_defs(params, schema), JsonLayout::Python)
+                                json_rule(
+                                    &guard_json_strings(&with_defs(params, schema), NO_PIPE_MARKER),
+                                    JsonLayout::Python
+                                )
                             ));
                             (*ty, format!("j{i}_{j}_{n}"))
                         }
@@ -114,7 +121,10 @@ pub(crate) fn args_rules(
             out.push_str(&format!(
                 "args_{i}: {} {} {}\n",
                 x.open_tag("json type=\"object\""),
-                json_rule(params, JsonLayout::Compact),
+                json_rule(
+                    &guard_json_strings(params, NO_PIPE_MARKER),
+                    JsonLayout::Compact
+                ),
                 x.close_tag("json")
             ));
             Ok(true)
