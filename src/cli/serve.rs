@@ -79,6 +79,15 @@ pub struct ServeArgs {
     media: super::media_args::MediaArgs,
 }
 
+/// Whether `host` names only this machine (`127.0.0.1`, `::1`, `localhost`).
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .trim_matches(|c| c == '[' || c == ']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Reads `on` / `off`.
 fn on_off(s: &str) -> Result<bool, String> {
     match s {
@@ -171,6 +180,12 @@ pub fn run(a: ServeArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
         .context("starting the tokio runtime")?;
     runtime.block_on(async move {
         let addr = format!("{}:{}", a.host, a.port);
+        if a.api_key.is_none() && !is_loopback(&a.host) {
+            eprintln!(
+                "warning: listening on {} without --api-key: anyone who can reach this address can use the model",
+                a.host
+            );
+        }
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
@@ -212,4 +227,19 @@ fn sampling_defaults(dir: &std::path::Path, a: &ServeArgs) -> Result<SamplingDef
             .map_err(|e| anyhow::anyhow!("--override-generation-config: {e}"))?;
     }
     Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback;
+
+    #[test]
+    fn only_loopback_hosts_skip_the_no_key_warning() {
+        for h in ["127.0.0.1", "::1", "[::1]", "localhost", "127.0.0.2"] {
+            assert!(is_loopback(h), "{h}");
+        }
+        for h in ["0.0.0.0", "::", "192.168.1.4", "example.com"] {
+            assert!(!is_loopback(h), "{h}");
+        }
+    }
 }

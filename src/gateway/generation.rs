@@ -80,7 +80,11 @@ impl GenSummary {
 
     /// Media tokens served from the prefix cache.
     pub fn cached_media_tokens(&self) -> usize {
-        self.media.iter().filter(|m| m.cached).map(|m| m.tokens).sum()
+        self.media
+            .iter()
+            .filter(|m| m.cached)
+            .map(|m| m.tokens)
+            .sum()
     }
 }
 
