@@ -20,7 +20,6 @@ mod gateway_support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use base64::Engine as _;
 use caracal::gateway::media::{processor_for, MediaConfig};
 use caracal::gateway::GatewayConfig;
 use caracal::text::tokenizer::TextTokenizer;
@@ -33,14 +32,6 @@ const SRC_FPS: u32 = 25;
 const SECONDS: u32 = 3;
 /// Clip size: 128×96 fits the frame budget, so no resize; padded to 140×112.
 const SIZE: (u32, u32) = (128, 96);
-
-/// A fresh temporary folder.
-fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// An H.264 MP4 of `testsrc` (or `source`) made by the `ffmpeg` CLI.
 fn clip(dir: &Path, name: &str, source: &str) -> PathBuf {
@@ -59,13 +50,6 @@ fn clip(dir: &Path, name: &str, source: &str) -> PathBuf {
     out
 }
 
-fn data_url(mime: &str, bytes: &[u8]) -> String {
-    format!(
-        "data:{mime};base64,{}",
-        base64::engine::general_purpose::STANDARD.encode(bytes)
-    )
-}
-
 /// A video part's URL and optional fps.
 type VideoPart = (String, Option<f64>);
 
@@ -81,16 +65,6 @@ fn chat_with(videos: &[VideoPart], text: &str) -> Value {
     content.push(json!({"type": "text", "text": text}));
     json!({"messages": [{"role": "user", "content": content}], "max_tokens": 3,
            "temperature": 0, "reasoning_effort": "none"})
-}
-
-/// A counter's value from `/metrics`.
-async fn metric(server: &TestServer, name: &str) -> u64 {
-    let (_, body) = raw_json(server.addr, "GET", "/metrics", &[], None).await;
-    body.as_str()
-        .unwrap_or("")
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} not in /metrics"))
 }
 
 /// The timestamps of the chunks transformers' sampler makes of the clip at

@@ -7,7 +7,6 @@
 
 mod gateway_support;
 
-use base64::Engine as _;
 use caracal::gateway::media::MediaConfig;
 use caracal::gateway::GatewayConfig;
 use caracal_actors::runtime::EngineConfig;
@@ -24,13 +23,6 @@ fn png(name: &str) -> Vec<u8> {
     .expect("fixture image")
 }
 
-fn data_url(bytes: &[u8]) -> String {
-    format!(
-        "data:image/png;base64,{}",
-        base64::engine::general_purpose::STANDARD.encode(bytes)
-    )
-}
-
 fn chat_with(images: &[String], text: &str) -> Value {
     let mut content: Vec<Value> = images
         .iter()
@@ -41,23 +33,13 @@ fn chat_with(images: &[String], text: &str) -> Value {
            "temperature": 0, "reasoning_effort": "none"})
 }
 
-/// A counter's value from `/metrics`.
-async fn metric(server: &TestServer, name: &str) -> u64 {
-    let (_, body) = raw_json(server.addr, "GET", "/metrics", &[], None).await;
-    body.as_str()
-        .unwrap_or("")
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} not in /metrics"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn images_are_encoded_once_and_their_span_is_cached() {
     let server = start_default(GatewayConfig::default()).await;
     let (_, models) = raw_json(server.addr, "GET", "/v1/models", &[], None).await;
     assert_eq!(models["data"][0]["supports_images"], true, "{models}");
 
-    let a = data_url(&png("testsrc2_320x240.png"));
+    let a = data_url("image/png", &png("testsrc2_320x240.png"));
     let (status, first) = json(
         server.addr,
         "POST",
@@ -114,7 +96,7 @@ async fn images_are_encoded_once_and_their_span_is_cached() {
     );
 
     // Another picture at the same place: encoded, and the cache stops at its span.
-    let b = data_url(&png("smptebars_250x90.png"));
+    let b = data_url("image/png", &png("smptebars_250x90.png"));
     let (status, other) = json(
         server.addr,
         "POST",
@@ -184,7 +166,7 @@ async fn bad_images_get_errors_that_name_the_problem_and_the_server_keeps_servin
     );
     let mut corrupt = png("smptebars_250x90.png");
     corrupt.truncate(100);
-    let small = data_url(&png("smptebars_250x90.png"));
+    let small = data_url("image/png", &png("smptebars_250x90.png"));
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
             vec!["https://example.com/cat.png".into()],
@@ -195,9 +177,9 @@ async fn bad_images_get_errors_that_name_the_problem_and_the_server_keeps_servin
             vec!["data:image/png;base64,@@@".into()],
             "invalid_image_url",
         ),
-        (vec![data_url(&corrupt)], "image_decode_failed"),
+        (vec![data_url("image/png", &corrupt)], "image_decode_failed"),
         (
-            vec![data_url(&png("testsrc2_320x240.png"))],
+            vec![data_url("image/png", &png("testsrc2_320x240.png"))],
             "image_too_large",
         ),
         (
@@ -245,11 +227,4 @@ async fn bad_images_get_errors_that_name_the_problem_and_the_server_keeps_servin
     assert_eq!(status, 400);
     assert_eq!(err["error"]["code"], "unsupported_parameter", "{err}");
     llama.shutdown().await.unwrap();
-}
-
-fn tempdir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }

@@ -137,15 +137,18 @@ fn processor_config(
         .map_err(|e| anyhow!("--mm-processor-kwargs: {e}"))
 }
 
-/// Decodes and preprocesses the `--image` files for `model`'s tower.
-fn load_images(
+/// The processor settings for `model`'s tower (`flag` names the option in
+/// errors, `what` the media): none without a tower, and the processor's
+/// patch and merge sizes must be the tower's.
+fn tower_processor(
     model: &dyn CausalLm,
-    paths: &[PathBuf],
+    flag: &str,
+    what: &str,
     kwargs: Option<&str>,
-) -> Result<Vec<VisionInput>> {
+) -> Result<caracal_media::ImageProcessorConfig> {
     let tower = model.vision().ok_or_else(|| {
         anyhow!(
-            "--image: the model (`{}`) has no vision tower, so it takes no images",
+            "{flag}: the model (`{}`) has no vision tower, so it takes no {what}",
             model.info().model_type
         )
     })?;
@@ -154,13 +157,23 @@ fn load_images(
         || cfg.merge_kernel_size as usize != tower.info().merge_size
     {
         bail!(
-            "--image: the processor's patch {} / merge {} differ from the tower's {} / {}",
+            "{flag}: the processor's patch {} / merge {} differ from the tower's {} / {}",
             cfg.patch_size,
             cfg.merge_kernel_size,
             tower.info().patch_size,
             tower.info().merge_size
         );
     }
+    Ok(cfg)
+}
+
+/// Decodes and preprocesses the `--image` files for `model`'s tower.
+fn load_images(
+    model: &dyn CausalLm,
+    paths: &[PathBuf],
+    kwargs: Option<&str>,
+) -> Result<Vec<VisionInput>> {
+    let cfg = tower_processor(model, "--image", "images", kwargs)?;
     paths
         .iter()
         .map(|p| {
@@ -193,24 +206,7 @@ fn load_videos(
     kwargs: Option<&str>,
 ) -> Result<Vec<LoadedVideo>> {
     use caracal_media::video::{decode_video_file, Container, OutputSize, VideoOptions};
-    let tower = model.vision().ok_or_else(|| {
-        anyhow!(
-            "--video: the model (`{}`) has no vision tower, so it takes no video",
-            model.info().model_type
-        )
-    })?;
-    let cfg = processor_config(&model.info().model_type, kwargs)?;
-    if cfg.patch_size as usize != tower.info().patch_size
-        || cfg.merge_kernel_size as usize != tower.info().merge_size
-    {
-        bail!(
-            "--video: the processor's patch {} / merge {} differ from the tower's {} / {}",
-            cfg.patch_size,
-            cfg.merge_kernel_size,
-            tower.info().patch_size,
-            tower.info().merge_size
-        );
-    }
+    let cfg = tower_processor(model, "--video", "video", kwargs)?;
     let options = VideoOptions {
         fps,
         output: OutputSize::Processor(cfg.frame_config()),

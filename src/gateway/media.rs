@@ -291,17 +291,6 @@ pub fn media_refs(messages: &[Message]) -> ApiResult<Vec<MediaRef>> {
     Ok(out)
 }
 
-/// The image parts of `messages` in the order the renderers write them.
-pub fn image_refs(messages: &[Message]) -> ApiResult<Vec<ImageRef>> {
-    Ok(media_refs(messages)?
-        .into_iter()
-        .filter_map(|r| match r {
-            MediaRef::Image(i) => Some(i),
-            MediaRef::Video(_) => None,
-        })
-        .collect())
-}
-
 /// A 400 naming the image part.
 fn bad(param: &str, code: &'static str, message: impl Into<String>) -> ApiError {
     ApiError::invalid(code, Some(param), message)
@@ -532,11 +521,6 @@ impl RequestMedia {
                 }
             }
         }
-    }
-
-    /// LM tokens of each item, in prompt order.
-    pub fn media_tokens(&self) -> Vec<usize> {
-        self.items.iter().map(|m| m.num_tokens).collect()
     }
 }
 

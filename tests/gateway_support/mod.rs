@@ -351,3 +351,30 @@ impl WsClient {
         }
     }
 }
+
+/// A fresh temporary folder named after `tag` and this process.
+pub fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `bytes` as a base64 `data:` URL of type `mime`.
+pub fn data_url(mime: &str, bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    format!(
+        "data:{mime};base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+/// A counter's value from `/metrics`.
+pub async fn metric(server: &TestServer, name: &str) -> u64 {
+    let (_, body) = raw_json(server.addr, "GET", "/metrics", &[], None).await;
+    body.as_str()
+        .unwrap_or("")
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in /metrics"))
+}
