@@ -8,14 +8,15 @@
 //! ratio. The machine may be shared: run it a few times and compare the
 //! ratios, which are taken within one run.
 //!
-//! `cargo bench -p caracal-kernels --bench mxfp4_prefill [-- N...]`
-//! (optional row counts replace the default list).
+//! `cargo bench -p caracal-kernels --bench mxfp4_prefill [-- [sweep] N...]`
+//! (optional row counts replace the default list; `sweep` adds the panel
+//! GEMM's GFLOP/s per tile height for n ≥ 64).
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use caracal_kernels::mxfp4;
-use caracal_kernels::mxfp4::panel::Panels;
+use caracal_kernels::mxfp4::panel::{PanelKernel, Panels};
 use caracal_kernels::testing::values;
 
 /// Timed batches per measurement (the median is reported).
@@ -83,17 +84,73 @@ fn main() {
                         )
                     });
                     let new = time(|| panels.matmul(black_box(&x), n, &mut out));
+                    let sweep: Vec<String> = if sweep && n >= 64 {
+                        [4, 6, 8, 10, 12]
+                            .iter()
+                            .map(|&mr| {
+                                let t = time(|| {
+                                    panels.matmul_tiled(
+                                        PanelKernel::best(),
+                                        mr,
+                                        black_box(&x),
+                                        n,
+                                        &mut out,
+                                    )
+                                });
+                                format!("mr{mr} {:.0}", flops / t / 1e9)
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
                     println!(
-                        "{:>12} {:>5} {:>3} {:>12.1} {:>12.1} {:>6.2}x",
+                        "{:>12} {:>5} {:>3} {:>12.1} {:>12.1} {:>6.2}x  {}",
                         format!("{rows}x{cols}"),
                         n,
                         threads,
                         flops / old / 1e9,
                         flops / new / 1e9,
-                        old / new
+                        old / new,
+                        sweep.join(" ")
                     );
                 }
             }
+            cold_decode(threads);
         });
     }
+}
+
+/// Decode (n = 1) on a [4096 × 4096] weight streamed from DRAM: enough
+/// copies (≥ 96 MB) rotate that no call finds its weights in cache. Prints
+/// GB/s of weight bytes (17/32 per weight) of each kernel.
+fn cold_decode(threads: usize) {
+    let (rows, cols) = (4096, 4096);
+    let w = values(1, rows * cols);
+    let (blocks, scales) = mxfp4::quantize(&w, rows, cols).expect("cols is 32·k");
+    let panels = Panels::pack(&blocks, &scales, rows, cols).expect("valid layout");
+    let bytes = (rows * cols * 17 / 32) as f64;
+    let copies = (96_000_000 / bytes as usize).max(2);
+    let rowl: Vec<(Vec<u8>, Vec<u8>)> = vec![(blocks, scales); copies];
+    let pan: Vec<Panels> = vec![panels; copies];
+    let x = values(2, cols);
+    let mut out = vec![0.0f32; rows];
+    let mut k = 0;
+    let old = time(|| {
+        k = (k + 1) % copies;
+        let (b, s) = &rowl[k];
+        mxfp4::matmul_mxfp4_q8(black_box(&x), 1, b, s, rows, cols, &mut out)
+    });
+    let new = time(|| {
+        k = (k + 1) % copies;
+        pan[k].matmul(black_box(&x), 1, &mut out)
+    });
+    println!(
+        "{:>12} {:>5} {:>3} {:>9.1} GB/s {:>7.1} GB/s {:>6.2}x  (DRAM-cold decode)",
+        "4096x4096",
+        1,
+        threads,
+        bytes / old / 1e9,
+        bytes / new / 1e9,
+        old / new
+    );
 }

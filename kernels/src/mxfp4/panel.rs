@@ -52,6 +52,9 @@ const PANEL_BLOCK_BYTES: usize = PANEL_ROWS * BLOCK_BYTES;
 /// accumulators plus the weights in registers.
 const MR_AVX512: usize = 8;
 
+/// The tallest tile [`Panels::matmul_tiled`] runs.
+pub const MAX_TILE_ROWS: usize = 12;
+
 /// Activation rows per AVX2 tile (16 ymm registers: 4 int32 and 4 f32
 /// accumulators, two weight halves, constants).
 const MR_AVX2: usize = 2;
@@ -183,6 +186,20 @@ impl Panels {
     /// # Panics
     /// As [`Panels::matmul`], and if `kernel` is not supported by this CPU.
     pub fn matmul_with(&self, kernel: PanelKernel, x: &[f32], n: usize, out: &mut [f32]) {
+        self.matmul_tiled(kernel, kernel.tile_rows(), x, n, out)
+    }
+
+    /// [`Panels::matmul_with`] with tiles of `mr` activation rows (clamped to
+    /// `1..=`[`MAX_TILE_ROWS`]; AVX2 uses at most 2), for measuring tile shapes.
+    #[doc(hidden)]
+    pub fn matmul_tiled(
+        &self,
+        kernel: PanelKernel,
+        mr: usize,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
         assert!(
             kernel.supported(),
             "Panels::matmul: {kernel:?} is not supported here"
@@ -209,24 +226,36 @@ impl Panels {
         }
         let mut q = BUF.with(|b| b.take());
         q.fill(kernel, x, n, self.cols);
-        self.run(kernel, &q, n, out);
+        let mr = match kernel {
+            PanelKernel::Avx2 => mr.clamp(1, MR_AVX2),
+            _ => mr.clamp(1, MAX_TILE_ROWS),
+        };
+        self.run(kernel, mr, &q, n, out);
         BUF.with(|b| b.set(q));
     }
 
     /// The tiles of the product, split over the pool by ranges of panels.
-    fn run(&self, kernel: PanelKernel, q: &QuantRows, n: usize, out: &mut [f32]) {
+    fn run(&self, kernel: PanelKernel, mr: usize, q: &QuantRows, n: usize, out: &mut [f32]) {
         let np = self.rows.div_ceil(PANEL_ROWS);
         let panel_macs = PANEL_ROWS * self.cols * n;
         let out = OutPtr(out.as_mut_ptr());
         for_row_ranges(np, panel_macs, MIN_TASK_MACS, |p0, p1| {
             for p in p0..p1 {
-                self.panel(kernel, p, q, n, out);
+                self.panel(kernel, mr, p, q, n, out);
             }
         });
     }
 
     /// All `n` activation rows against panel `p`.
-    fn panel(&self, kernel: PanelKernel, p: usize, q: &QuantRows, n: usize, out: OutPtr) {
+    fn panel(
+        &self,
+        kernel: PanelKernel,
+        mr: usize,
+        p: usize,
+        q: &QuantRows,
+        n: usize,
+        out: OutPtr,
+    ) {
         let nb = self.nb;
         let valid = (self.rows - p * PANEL_ROWS).min(PANEL_ROWS);
         let t = Tile {
@@ -237,11 +266,6 @@ impl Panels {
             rows: self.rows,
             col0: p * PANEL_ROWS,
             valid,
-        };
-        let mr = match kernel {
-            PanelKernel::Avx512Vnni => MR_AVX512,
-            PanelKernel::Avx2 => MR_AVX2,
-            PanelKernel::Portable => 4,
         };
         let mut i = 0;
         while i < n {
@@ -372,6 +396,10 @@ impl Tile<'_> {
             PanelKernel::Avx512Vnni => unsafe {
                 use super::panel_x86::tile_avx512 as k;
                 match m {
+                    12 => k::<12>(self, &xs, out),
+                    11 => k::<11>(self, &xs, out),
+                    10 => k::<10>(self, &xs, out),
+                    9 => k::<9>(self, &xs, out),
                     8 => k::<8>(self, &xs, out),
                     7 => k::<7>(self, &xs, out),
                     6 => k::<6>(self, &xs, out),
@@ -466,6 +494,15 @@ impl PanelKernel {
             PanelKernel::Avx512Vnni => false,
             PanelKernel::Avx2 => f.avx2_fma,
             PanelKernel::Portable => true,
+        }
+    }
+
+    /// Activation rows per tile.
+    fn tile_rows(self) -> usize {
+        match self {
+            PanelKernel::Avx512Vnni => MR_AVX512,
+            PanelKernel::Avx2 => MR_AVX2,
+            PanelKernel::Portable => 4,
         }
     }
 
