@@ -43,10 +43,9 @@ fn time(mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let sweep = args.iter().any(|a| a == "sweep");
+    let args: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let ns = if args.is_empty() {
         vec![1, 2, 4, 8, 16, 64, 512]
     } else {

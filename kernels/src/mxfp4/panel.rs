@@ -298,9 +298,7 @@ impl QuantRows {
         self.c.clear();
         self.c.resize(n * nb, 0);
         let rows_per_task = (65536 / cols.max(1)).max(1);
-        let one = |(((x, q), d), c): (((&[f32], &mut [u8]), &mut [f32]), &mut [i32])| {
-            quantize_rows(kernel, x, q, d, c)
-        };
+        let one = |(((x, q), d), c): RowChunk<'_>| quantize_rows(kernel, x, q, d, c);
         let (xr, qr) = (rows_per_task * cols, rows_per_task * nb);
         if n <= rows_per_task || crate::threads::is_serial() || rayon::current_num_threads() == 1 {
             x.chunks(xr)
@@ -317,6 +315,9 @@ impl QuantRows {
         }
     }
 }
+
+/// One task's rows of `x`, `q`, `d` and `c`, as zipped chunks.
+type RowChunk<'a> = (((&'a [f32], &'a mut [u8]), &'a mut [f32]), &'a mut [i32]);
 
 /// Rounds whole rows (any number of blocks) with `kernel`'s instructions.
 fn quantize_rows(kernel: PanelKernel, x: &[f32], q: &mut [u8], d: &mut [f32], c: &mut [i32]) {
