@@ -47,9 +47,10 @@ pub const PANEL_ROWS: usize = 16;
 /// Packed code bytes of one panel block (16 rows × 16 bytes).
 const PANEL_BLOCK_BYTES: usize = PANEL_ROWS * BLOCK_BYTES;
 
-/// Activation rows per AVX-512 tile. Measured on the Sapphire Rapids host
-/// ([1536 × 576] and [576 × 1536] at 512 rows); 8 keeps 8 int32 and 8 f32
-/// accumulators plus the weights in registers.
+/// Activation rows per AVX-512 tile: 8 int32 and 8 f32 accumulators plus
+/// the weights fit the 32 registers. A sweep of 4–12 on the (shared, 2-core)
+/// Sapphire Rapids host at 512 rows (`mxfp4_prefill -- sweep`) put 8 at or
+/// near the top on every SmolLM2 shape; 12 lost up to 2× at 2 threads.
 const MR_AVX512: usize = 8;
 
 /// The tallest tile [`Panels::matmul_tiled`] runs.
@@ -58,10 +59,6 @@ pub const MAX_TILE_ROWS: usize = 12;
 /// Activation rows per AVX2 tile (16 ymm registers: 4 int32 and 4 f32
 /// accumulators, two weight halves, constants).
 const MR_AVX2: usize = 2;
-
-/// Activation rows from which [`Panels::matmul`]'s caller prefers it over the
-/// row-layout kernel (see `Matrix::matmul`).
-pub const PANEL_MIN_ROWS: usize = 1;
 
 /// Minimum multiply-adds per rayon task (~1 µs of task overhead is then
 /// negligible).
