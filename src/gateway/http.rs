@@ -120,6 +120,18 @@ pub fn sse_done() -> Bytes {
     Bytes::from_static(b"data: [DONE]\n\n")
 }
 
+/// The next item of `rx`, or `None` as soon as the consumer behind `out`
+/// is gone. A relay that waited on `rx` alone would notice a client that
+/// hung up only at its next send, i.e. after the prompt's whole prefill and
+/// the first token; this returns at once, and dropping `rx` then cancels the
+/// generation within one scheduler step.
+pub async fn next_or_gone<T, U>(rx: &mut mpsc::Receiver<T>, out: &mpsc::Sender<U>) -> Option<T> {
+    tokio::select! {
+        item = rx.recv() => item,
+        () = out.closed() => None,
+    }
+}
+
 /// An SSE response fed by a bounded channel of frames; when the client
 /// goes away the receiver is dropped and the producer's sends fail.
 pub fn sse_response(rx: mpsc::Receiver<Bytes>) -> Response {
