@@ -377,7 +377,8 @@ async fn disconnecting_client(addr: SocketAddr, i: usize, seed: u64) -> (usize, 
             drop(c);
             Cut::Unread
         }
-        // Realtime, mid-decode.
+        // Realtime, mid-decode: hung up a while after response.created (the
+        // model thinks first, and Realtime streams no reasoning events).
         _ => {
             let mut ws = wire::ws(addr, &format!("/v1/realtime?model={MODEL}"))
                 .await
@@ -387,31 +388,33 @@ async fn disconnecting_client(addr: SocketAddr, i: usize, seed: u64) -> (usize, 
             wire::ws_send(&mut ws, &item).await.expect("send");
             wire::ws_send(
                 &mut ws,
-                &json!({"type": "response.create", "response": {"max_output_tokens": 300}}),
+                &json!({"type": "response.create", "response": {"max_output_tokens": 60}}),
             )
             .await
             .expect("send");
-            let mut n = 0;
-            let mut cut = Cut::Finished;
             loop {
                 match wire::ws_next(&mut ws).await {
-                    WsNext::Event(v) => {
-                        let t = v["type"].as_str().unwrap_or("");
-                        if t == "response.done" {
-                            break;
-                        }
-                        if t.ends_with(".delta") {
-                            n += 1;
-                            if n > k {
-                                cut = Cut::MidDecode;
-                                break;
-                            }
-                        }
-                    }
+                    WsNext::Event(v) if v["type"] == "response.created" => break,
+                    WsNext::Event(_) => {}
                     other => panic!("the session ended early: {other:?}"),
                 }
             }
-            cut
+            let delay = Duration::from_millis(30 * k as u64);
+            let done = tokio::time::timeout(delay, async {
+                loop {
+                    match wire::ws_next(&mut ws).await {
+                        WsNext::Event(v) if v["type"] == "response.done" => return,
+                        WsNext::Event(_) => {}
+                        other => panic!("the session ended early: {other:?}"),
+                    }
+                }
+            })
+            .await;
+            if done.is_ok() {
+                Cut::Finished
+            } else {
+                Cut::MidDecode
+            }
         }
     };
     (kind, cut)
@@ -504,25 +507,23 @@ fn cancel_storms_end_every_response_and_leak_nothing() {
                     wire::ws_send(&mut ws, &item).await.expect("send");
                     let create = json!({"type": "response.create", "response": {"max_output_tokens": 400}});
                     wire::ws_send(&mut ws, &create).await.expect("send");
-                    let mut deltas = 0;
-                    let mut sent_cancel = false;
+                    loop {
+                        match wire::ws_next(&mut ws).await {
+                            WsNext::Event(v) if v["type"] == "response.created" => break,
+                            WsNext::Event(_) => {}
+                            other => panic!("the session ended: {other:?}"),
+                        }
+                    }
+                    // The model thinks first (no events): cancel after a while.
+                    tokio::time::sleep(Duration::from_millis(100 * (i % 5) as u64)).await;
+                    wire::ws_send(&mut ws, &json!({"type": "response.cancel"}))
+                        .await
+                        .expect("send");
                     let done = loop {
                         match wire::ws_next(&mut ws).await {
-                            WsNext::Event(v) => {
-                                let t = v["type"].as_str().unwrap_or("").to_string();
-                                if t == "response.done" {
-                                    break v;
-                                }
-                                if t.ends_with(".delta") {
-                                    deltas += 1;
-                                }
-                                if !sent_cancel && (t == "response.created" && i % 4 == 0 || deltas > i % 5) {
-                                    wire::ws_send(&mut ws, &json!({"type": "response.cancel"}))
-                                        .await
-                                        .expect("send");
-                                    sent_cancel = true;
-                                }
-                            }
+                            WsNext::Event(v) if v["type"] == "response.done" => break v,
+                            WsNext::Event(v) if v["type"] == "error" => panic!("{v}"),
+                            WsNext::Event(_) => {}
                             other => panic!("the session ended: {other:?}"),
                         }
                     };
