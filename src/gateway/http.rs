@@ -91,18 +91,24 @@ pub fn ok_json(body: &Value) -> Response {
 
 /// Reads a request body up to the configured limit and parses it as a JSON object.
 pub async fn read_json(state: &AppState, body: Body) -> ApiResult<Map<String, Value>> {
+    use axum::body::HttpBody;
     let limit = state.config.max_body_bytes;
+    let too_large = || ApiError {
+        status: 413,
+        kind: "invalid_request_error",
+        code: "body_too_large",
+        param: None,
+        message: format!("the body is larger than the limit of {limit} bytes (--max-body-bytes)"),
+    };
+    // A `Content-Length` past the limit is refused before any of the body
+    // is read (a client that announces 1 GiB and sends nothing gets its
+    // 413 at once instead of holding the connection open).
+    if body.size_hint().lower() > limit as u64 {
+        return Err(too_large());
+    }
     let bytes = axum::body::to_bytes(body, limit)
         .await
-        .map_err(|_| ApiError {
-            status: 413,
-            kind: "invalid_request_error",
-            code: "body_too_large",
-            param: None,
-            message: format!(
-                "the body is larger than the limit of {limit} bytes (--max-body-bytes)"
-            ),
-        })?;
+        .map_err(|_| too_large())?;
     parse_body(&bytes)
 }
 

@@ -21,8 +21,7 @@ pub const ANSWER: Duration = Duration::from_secs(90);
 
 /// The bytes of one request (`Connection: close`, JSON body if any).
 pub fn request(method: &str, path: &str, body: Option<&[u8]>) -> Vec<u8> {
-    let mut head =
-        format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
     if let Some(b) = body {
         head.push_str(&format!(
             "Content-Type: application/json\r\nContent-Length: {}\r\n",
@@ -36,14 +35,38 @@ pub fn request(method: &str, path: &str, body: Option<&[u8]>) -> Vec<u8> {
 }
 
 /// A TCP connection to `addr` whose receive buffer is `rcvbuf` bytes
-/// (`None`: the system default); a small one makes a client that stops
-/// reading stall the server quickly.
+/// (`None`: the system defaults). With a small one the connection also
+/// announces a small segment size, which keeps the server's send buffer
+/// (sized from it at connect time) small as well: a client that stops
+/// reading then stalls the server after kilobytes, not megabytes.
 pub async fn connect(addr: SocketAddr, rcvbuf: Option<u32>) -> io::Result<TcpStream> {
     let socket = TcpSocket::new_v4()?;
     if let Some(n) = rcvbuf {
         socket.set_recv_buffer_size(n)?;
+        set_max_segment(&socket, 536)?;
     }
     socket.connect(addr).await
+}
+
+/// `TCP_MAXSEG` on a socket before it connects.
+fn set_max_segment(socket: &TcpSocket, bytes: libc::c_int) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid socket descriptor and a pointer to a c_int that
+    // outlives the call, with its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            (&bytes as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// A whole answer.
@@ -184,7 +207,10 @@ impl Reader {
                         self.raw.drain(..p + 2);
                         let hex = line.split(';').next().unwrap_or("").trim();
                         let n = usize::from_str_radix(hex, 16).map_err(|_| {
-                            io::Error::new(io::ErrorKind::InvalidData, format!("chunk size {line:?}"))
+                            io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                format!("chunk size {line:?}"),
+                            )
                         })?;
                         if n == 0 {
                             self.done = true;
@@ -252,12 +278,23 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
+/// Reads the whole answer on `stream` (a missing answer within [`ANSWER`]
+/// is a hang).
+pub async fn read_answer(stream: TcpStream) -> Response {
+    let fut = async { Reader::start(stream).await?.all().await };
+    tokio::time::timeout(ANSWER, fut)
+        .await
+        .unwrap_or_else(|_| panic!("no answer within {ANSWER:?}"))
+        .unwrap_or_else(|e| panic!("reading the answer: {e}"))
+}
+
 /// Sends one request on a fresh connection and reads the whole answer.
 pub async fn call(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Response {
     let bytes = body.map(|b| serde_json::to_vec(b).expect("JSON serialises"));
     let fut = async {
         let mut s = connect(addr, None).await?;
-        s.write_all(&request(method, path, bytes.as_deref())).await?;
+        s.write_all(&request(method, path, bytes.as_deref()))
+            .await?;
         Reader::start(s).await?.all().await
     };
     tokio::time::timeout(ANSWER, fut)
@@ -285,7 +322,9 @@ impl Sse {
         body: &Value,
     ) -> io::Result<Result<Sse, Response>> {
         let bytes = serde_json::to_vec(body).expect("JSON serialises");
-        stream.write_all(&request("POST", path, Some(&bytes))).await?;
+        stream
+            .write_all(&request("POST", path, Some(&bytes)))
+            .await?;
         let reader = Reader::start(stream).await?;
         if reader.status != 200 {
             return Ok(Err(reader.all().await?));
@@ -298,7 +337,11 @@ impl Sse {
     }
 
     /// [`Sse::open_on`] a fresh connection.
-    pub async fn open(addr: SocketAddr, path: &str, body: &Value) -> io::Result<Result<Sse, Response>> {
+    pub async fn open(
+        addr: SocketAddr,
+        path: &str,
+        body: &Value,
+    ) -> io::Result<Result<Sse, Response>> {
         Sse::open_on(connect(addr, None).await?, path, body).await
     }
 
@@ -360,12 +403,9 @@ pub async fn ws_small_buffer(
     rcvbuf: u32,
 ) -> Result<Ws, tokio_tungstenite::tungstenite::Error> {
     let stream = connect(addr, Some(rcvbuf)).await?;
-    tokio_tungstenite::client_async(
-        format!("ws://{addr}{path}"),
-        MaybeTlsStream::Plain(stream),
-    )
-    .await
-    .map(|(ws, _)| ws)
+    tokio_tungstenite::client_async(format!("ws://{addr}{path}"), MaybeTlsStream::Plain(stream))
+        .await
+        .map(|(ws, _)| ws)
 }
 
 /// Sends one JSON event.
@@ -402,8 +442,8 @@ pub async fn ws_next(ws: &mut Ws) -> WsNext {
     }
 }
 
-/// A hand-written WebSocket handshake for `path`; `cut` keeps only that
-/// many of its bytes (a half-open client).
+/// A hand-written WebSocket handshake for `path` (half-open clients send
+/// part of it).
 pub fn ws_handshake(path: &str) -> Vec<u8> {
     format!(
         "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
