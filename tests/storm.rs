@@ -113,8 +113,8 @@ impl Storm {
     async fn settle(&mut self, storm: &str) -> HashMap<String, f64> {
         let deadline = Instant::now() + Duration::from_secs(60);
         let pid = self.server.child.id();
-        let mut last = HashMap::new();
-        let mut fds = 0;
+        let mut last: HashMap<String, f64>;
+        let mut fds: usize;
         loop {
             let m = wire::metrics(self.addr).await;
             let g = |k: &str| m.get(k).copied().unwrap_or(-1.0);
@@ -382,7 +382,7 @@ async fn disconnecting_client(addr: SocketAddr, i: usize, seed: u64) -> (usize, 
                     other => panic!("the session ended early: {other:?}"),
                 }
             }
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 let _ = ws.close(None).await;
             }
             cut
@@ -1111,19 +1111,16 @@ fn oversize_and_fragmented_frames_get_their_answers() {
                 .expect("upgrade");
             let big = json!({"type": "session.update", "session": {"instructions": "y".repeat(LIMIT + 10)}});
             wire::ws_send(&mut ws, &big).await.expect("send");
-            let mut saw_error = false;
             loop {
                 match wire::ws_next(&mut ws).await {
                     WsNext::Event(v) if v["type"] == "error" => {
                         assert_eq!(v["error"]["code"], "message_too_large", "{v}");
-                        saw_error = true;
                         break;
                     }
                     WsNext::Event(_) => {}
                     other => panic!("the session ended: {other:?}"),
                 }
             }
-            assert!(saw_error);
             wire::ws_send(
                 &mut ws,
                 &json!({"type": "session.update", "session": {"instructions": "be brief"}}),

@@ -181,11 +181,6 @@ impl Reader {
         })
     }
 
-    /// A header's value.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        header(&self.headers, name)
-    }
-
     /// Reads more bytes; false at the end of the stream.
     async fn fill(&mut self) -> io::Result<bool> {
         let mut buf = [0u8; 16384];
