@@ -75,6 +75,21 @@ pub const DECODE_TILE: usize = 64;
 /// least this many keys, so the merge stays negligible. Default 256.
 pub const DECODE_SPLIT_KEYS: usize = 256;
 
+/// Query heads per kv head from which a decode piece runs with heads in the
+/// lanes ([`Kernel::RowsInLanes`], the prefill kernel's tiles) instead of
+/// keys: 8 heads fill an AVX2 vector. MLA layers (one latent row for 16 to
+/// 128 heads) and GQA groups of 8 take that path. Default 8.
+pub const ROWS_IN_LANES_GROUP: usize = 8;
+
+/// The inner kernel of a decode piece.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kernel {
+    /// Keys in the score lanes (small groups).
+    KeysInLanes,
+    /// Query heads in the lanes (groups of [`ROWS_IN_LANES_GROUP`] or more).
+    RowsInLanes,
+}
+
 /// Most query heads one QK pass keeps accumulators for.
 const QK_ROWS: usize = 8;
 
@@ -112,7 +127,18 @@ pub fn decode_attention_batch(
     scale: f32,
     out: &mut [f32],
 ) {
-    decode_with(Isa::best(), q, pool, layer, seqs, shape, false, scale, out);
+    decode_with(
+        Isa::best(),
+        q,
+        pool,
+        layer,
+        seqs,
+        shape,
+        false,
+        scale,
+        None,
+        out,
+    );
 }
 
 /// Decode attention over an MLA latent cache in the absorbed form, every
@@ -145,7 +171,18 @@ pub fn latent_decode_attention_batch(
         head_dim: pool.width,
         v_dim,
     };
-    decode_with(Isa::best(), q, pool, layer, seqs, &shape, true, scale, out);
+    decode_with(
+        Isa::best(),
+        q,
+        pool,
+        layer,
+        seqs,
+        &shape,
+        true,
+        scale,
+        None,
+        out,
+    );
 }
 
 /// Key splits of a sequence whose query sees `ctx` keys.
@@ -181,6 +218,8 @@ struct Job<'a> {
     q: &'a [f32],
     /// The cache (page size, row offsets).
     pool: &'a KvPool,
+    /// Layer of `pool` to read.
+    layer: usize,
     /// The layer's buffer, read in place.
     rows: LayerRows<'a>,
     /// The sequences of the call.
@@ -207,6 +246,7 @@ pub(super) fn decode_with(
     shape: &AttnShape,
     latent: bool,
     scale: f32,
+    kernel: Option<Kernel>,
     out: &mut [f32],
 ) {
     assert!(
@@ -269,9 +309,24 @@ pub(super) fn decode_with(
             }
         }
     }
+    // The splits of one (sequence, kv head) are adjacent pieces with
+    // consecutive slots: (first piece, first slot, count) per split task.
+    let mut tasks = Vec::new();
+    let mut i = 0;
+    while i < pieces.len() {
+        let mut j = i + 1;
+        while j < pieces.len() && pieces[j].seq == pieces[i].seq && pieces[j].kvh == pieces[i].kvh {
+            j += 1;
+        }
+        if let Some(s0) = pieces[i].slot {
+            tasks.push((pieces[i], s0, j - i));
+        }
+        i = j;
+    }
     let job = Job {
         q,
         pool,
+        layer,
         rows: pool.layer_rows(layer),
         seqs,
         shape,
@@ -279,10 +334,18 @@ pub(super) fn decode_with(
         latent,
         scale,
     };
+    let isa = if isa.supported() { isa } else { Isa::Portable };
+    let kernel = kernel.unwrap_or(if group >= ROWS_IN_LANES_GROUP {
+        Kernel::RowsInLanes
+    } else {
+        Kernel::KeysInLanes
+    });
+    if kernel == Kernel::RowsInLanes {
+        return rows_in_lanes(isa, &job, &pieces, &tasks, slots, threads, out);
+    }
     let part_len = group * (2 + vd);
     let mut parts = vec![0.0f32; slots * part_len];
     let (out_ptr, part_ptr) = (OutPtr(out.as_mut_ptr()), OutPtr(parts.as_mut_ptr()));
-    let isa = if isa.supported() { isa } else { Isa::Portable };
     let run = |sc: &mut Scratch, p: &Piece| {
         let sink = match p.slot {
             // SAFETY: each slot belongs to one piece and lies inside `parts`.
@@ -297,27 +360,93 @@ pub(super) fn decode_with(
     } else {
         pieces.par_iter().for_each_init(Scratch::default, run);
     }
-    if slots == 0 {
-        return;
-    }
-    // Merge the splits of every (sequence, kv head) that has several; its
-    // pieces are adjacent and their slots consecutive.
-    let mut tasks = Vec::new();
-    let mut i = 0;
-    while i < pieces.len() {
-        let mut j = i + 1;
-        while j < pieces.len() && pieces[j].seq == pieces[i].seq && pieces[j].kvh == pieces[i].kvh {
-            j += 1;
-        }
-        if let Some(s0) = pieces[i].slot {
-            tasks.push((pieces[i], s0, j - i));
-        }
-        i = j;
-    }
     let parts = &parts;
     tasks.par_iter().for_each(|&(p, s0, n)| {
         let chunk = &parts[s0 * part_len..(s0 + n) * part_len];
         merge(&job, p, chunk, part_len, out_ptr);
+    });
+}
+
+/// Runs the pieces with the prefill kernel's piece code (query heads in
+/// the lanes, see [`super`]): for groups of [`ROWS_IN_LANES_GROUP`] or more
+/// the heads fill a vector, and one vector of `Qᵀ` then feeds many keys per
+/// broadcast, which beats reducing per-key dot products.
+fn rows_in_lanes(
+    isa: Isa,
+    job: &Job<'_>,
+    pieces: &[Piece],
+    tasks: &[(Piece, usize, usize)],
+    slots: usize,
+    threads: usize,
+    out: &mut [f32],
+) {
+    let shape = job.shape;
+    // The tiled kernel's own choice for a tile of `group` rows.
+    let isa = if isa == Isa::Avx512 && job.group <= 8 && Isa::Avx2.supported() {
+        Isa::Avx2
+    } else {
+        isa
+    };
+    let mp = job.group.next_multiple_of(isa.lanes());
+    let part_len = (2 + shape.v_dim) * mp;
+    let ow = shape.q_heads * shape.v_dim;
+    let mut parts = vec![0.0f32; slots * part_len];
+    let (out_ptr, part_ptr) = (OutPtr(out.as_mut_ptr()), OutPtr(parts.as_mut_ptr()));
+    // The tiled kernel's call for one sequence's single query.
+    fn call<'a>(job: &Job<'a>, s: &DecodeSeq<'a>) -> super::Call<'a> {
+        let qw = job.shape.q_heads * job.shape.head_dim;
+        super::Call {
+            q: &job.q[s.row * qw..(s.row + 1) * qw],
+            pool: job.pool,
+            layer: job.layer,
+            block_table: s.block_table,
+            start_pos: s.pos,
+            shape: job.shape,
+            scale: job.scale,
+            latent: job.latent,
+        }
+    }
+    let tile_piece = |p: &Piece| super::Piece {
+        kvh: p.kvh,
+        i0: 0,
+        i1: 1,
+        k0: p.k0,
+        k1: p.k1,
+    };
+    // SAFETY (both pointers): `decode_with` checked that every row lies in
+    // `out` and no row is named twice; each slot lies in `parts` and belongs
+    // to one piece.
+    let row_out = |s: &DecodeSeq<'_>| OutPtr(unsafe { out_ptr.get().add(s.row * ow) });
+    let run = |sc: &mut super::Scratch, p: &Piece| {
+        let s = &job.seqs[p.seq];
+        let sink = match p.slot {
+            Some(k) => super::Sink::Partial(unsafe {
+                std::slice::from_raw_parts_mut(part_ptr.get().add(k * part_len), part_len)
+            }),
+            None => super::Sink::Out(row_out(s)),
+        };
+        super::run_piece(isa, &call(job, s), tile_piece(p), sc, sink);
+    };
+    if pieces.len() <= 1 || threads <= 1 {
+        let mut sc = super::Scratch::default();
+        pieces.iter().for_each(|p| run(&mut sc, p));
+    } else {
+        pieces
+            .par_iter()
+            .for_each_init(super::Scratch::default, run);
+    }
+    let parts = &parts;
+    tasks.par_iter().for_each(|&(p, s0, n)| {
+        let s = &job.seqs[p.seq];
+        let chunk = &parts[s0 * part_len..(s0 + n) * part_len];
+        super::merge_splits(
+            &call(job, s),
+            tile_piece(&p),
+            mp,
+            chunk,
+            part_len,
+            row_out(s),
+        );
     });
 }
 

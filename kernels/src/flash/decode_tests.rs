@@ -19,6 +19,15 @@ fn isas() -> Vec<Isa> {
     Isa::ALL.into_iter().filter(|&i| i.supported()).collect()
 }
 
+/// Every (instruction set, inner kernel) pair this CPU can run: both
+/// kernels are checked on every shape, whichever the call would pick.
+fn runs() -> Vec<(Isa, Kernel)> {
+    isas()
+        .into_iter()
+        .flat_map(|i| [(i, Kernel::KeysInLanes), (i, Kernel::RowsInLanes)])
+        .collect()
+}
+
 /// Asserts `got` is within `rel · max|want|` of `want`, element-wise.
 fn assert_close(got: &[f32], want: &[f32], rel: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
@@ -133,15 +142,29 @@ fn check_gqa(shape: AttnShape, page: usize, dtype: KvDtype, seed: u64) {
     let b = batch(CONTEXTS, kw, vw, qw, page, dtype, seed);
     let scale = 1.0 / (shape.head_dim as f32).sqrt();
     let seqs = b.seqs();
-    for isa in isas() {
+    for (isa, kernel) in runs() {
         let mut out = vec![f32::NAN; (seqs.len() + 1) * ow];
-        decode_with(isa, &b.q, &b.pool, 1, &seqs, &shape, false, scale, &mut out);
+        decode_with(
+            isa,
+            &b.q,
+            &b.pool,
+            1,
+            &seqs,
+            &shape,
+            false,
+            scale,
+            Some(kernel),
+            &mut out,
+        );
         assert!(
             out[..ow].iter().all(|x| x.is_nan()),
             "a row no sequence names was written"
         );
         for (i, s) in seqs.iter().enumerate() {
-            let what = format!("{isa:?} {dtype:?} {shape:?} page {page} ctx {}", b.ctx[i]);
+            let what = format!(
+                "{isa:?} {kernel:?} {dtype:?} {shape:?} page {page} ctx {}",
+                b.ctx[i]
+            );
             let q = &b.q[s.row * qw..(s.row + 1) * qw];
             let got = &out[s.row * ow..(s.row + 1) * ow];
             let mut tiled = vec![0.0; ow];
@@ -213,7 +236,7 @@ fn batched_latent_decode_equals_per_sequence_tiled() {
             let seqs = b.seqs();
             let scale = 1.0 / (width as f32).sqrt();
             let ow = heads * vd;
-            for isa in isas() {
+            for (isa, kernel) in runs() {
                 let mut out = vec![f32::NAN; (seqs.len() + 1) * ow];
                 let s = AttnShape {
                     q_heads: heads,
@@ -221,9 +244,23 @@ fn batched_latent_decode_equals_per_sequence_tiled() {
                     head_dim: width,
                     v_dim: vd,
                 };
-                decode_with(isa, &b.q, &b.pool, 1, &seqs, &s, true, scale, &mut out);
+                decode_with(
+                    isa,
+                    &b.q,
+                    &b.pool,
+                    1,
+                    &seqs,
+                    &s,
+                    true,
+                    scale,
+                    Some(kernel),
+                    &mut out,
+                );
                 for (i, sq) in seqs.iter().enumerate() {
-                    let what = format!("{isa:?} {dtype:?} latent {heads}×{width} ctx {}", b.ctx[i]);
+                    let what = format!(
+                        "{isa:?} {kernel:?} {dtype:?} latent {heads}×{width} ctx {}",
+                        b.ctx[i]
+                    );
                     let q = &b.q[sq.row * qw..(sq.row + 1) * qw];
                     let mut tiled = vec![0.0; ow];
                     latent_attention_tiled(
