@@ -134,3 +134,53 @@ fn cancel_storms_end_every_response_and_leak_nothing() {
         );
     });
 }
+
+/// A Responses WebSocket session that ends while its lanes are still
+/// preparing and submitting their requests must leave no pinned path: a
+/// request submitted after the session's close would otherwise prefill and
+/// pin the session again until the session TTL (10 min), past `settle`'s
+/// deadline. The prompts share a long cached prefix, so each lane spends
+/// its time rendering and tokenizing (where a hang-up can land) and then
+/// prefills its few new tokens in one step.
+#[test]
+fn sessions_that_end_while_their_lanes_submit_leave_no_pin() {
+    storm(600, || async {
+        let mut s =
+            Storm::start(&["--max-sessions", "512", "--max-waiting-requests", "1024"]).await;
+        let addr = s.addr;
+        let prefix = long_prompt(0, 1200);
+        let warm = json!({"input": prefix.clone(), "max_output_tokens": 1, "store": false});
+        let r = wire::call(addr, "POST", "/v1/responses", Some(&warm)).await;
+        assert_eq!(r.status, 200, "{:?}", r.json());
+        const SESSIONS: usize = 240;
+        const LANES: usize = 4;
+        let tasks: Vec<_> = (0..SESSIONS)
+            .map(|i| {
+                let prefix = prefix.clone();
+                tokio::spawn(async move {
+                    let mut ws = wire::ws(addr, "/v1/responses").await.expect("upgrade");
+                    for lane in 0..LANES {
+                        let create = json!({"type": "response.create", "store": false,
+                            "input": format!("{prefix} Session {i} lane {lane}."), "stream_id": format!("l{lane}"),
+                            "generate": false});
+                        wire::ws_send(&mut ws, &create).await.expect("send");
+                    }
+                    // Hang up at once or a few milliseconds later, while the
+                    // lanes render, tokenize and submit.
+                    let delay = (i % 8) as u64;
+                    if delay > 0 {
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                    }
+                    if i % 2 == 0 {
+                        let _ = ws.close(None).await;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("a client");
+        }
+        eprintln!("lane race: {SESSIONS} sessions of {LANES} lanes each hung up mid-submit");
+        s.settle("sessions ended mid-submit").await;
+    });
+}

@@ -1,12 +1,49 @@
 //! Idle and half-open connections: 1,000 held at once (idle TCP, half a
 //! request head or body, half a WebSocket handshake, idle sessions) do not
-//! starve a client.
+//! starve a client; after `--timeout-keep-alive` the server has closed
+//! every one that never completed a request head or a handshake (and a
+//! kept-alive connection idle as long), while upgraded sessions idle for
+//! longer still serve, and its descriptors are back to what it holds for
+//! the connections that remain.
 
 use super::wire::{self, WsNext};
 use crate::{normal_answer, normal_request, storm, Storm, MODEL};
 use serde_json::json;
 use std::collections::HashMap;
-use tokio::io::AsyncWriteExt;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// `--timeout-keep-alive` of this storm: long enough for the 1,000
+/// connections to be opened and checked while all are held.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The kinds of held connection that never complete a request head or a
+/// WebSocket handshake: the head timeout closes them.
+const HEADLESS: [&str; 3] = [
+    "idle TCP",
+    "half a request head",
+    "half a WebSocket handshake",
+];
+
+/// Reads `c` until the server closes it (EOF, or a reset): all it sent,
+/// or `None` when it is still open a minute past the head timeout.
+async fn until_closed_by_server(mut c: TcpStream) -> Option<Vec<u8>> {
+    let mut got = Vec::new();
+    let read_all = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(HEAD_TIMEOUT + Duration::from_secs(60), read_all)
+        .await
+        .ok()?;
+    Some(got)
+}
 
 /// This process's soft and hard open-files limits.
 fn own_fd_limits() -> (u64, u64) {
@@ -44,7 +81,13 @@ fn a_thousand_idle_and_half_open_connections_do_not_starve_a_client() {
         // The server starts under the usual soft limit of 1024 and must
         // raise its own; this process needs more than that for its clients.
         set_own_soft_fd_limit(1024);
-        let mut s = Storm::start(&["--max-sessions", "1100"]).await;
+        let mut s = Storm::start(&[
+            "--max-sessions",
+            "1100",
+            "--timeout-keep-alive",
+            &HEAD_TIMEOUT.as_secs().to_string(),
+        ])
+        .await;
         set_own_soft_fd_limit(hard);
         let pid = s.server.child.id();
         let (server_soft, _) = wire::fd_limits(pid).expect("the server's limits");
@@ -56,6 +99,7 @@ fn a_thousand_idle_and_half_open_connections_do_not_starve_a_client() {
         let chat = serde_json::to_vec(&normal_request()).expect("JSON");
         let post = wire::request("POST", "/v1/chat/completions", Some(&chat));
         let head_len = post.len() - chat.len();
+        let opening = Instant::now();
         let mut held = Vec::with_capacity(CONNECTIONS);
         let mut kinds: HashMap<&str, usize> = HashMap::new();
         for i in 0..CONNECTIONS {
@@ -106,7 +150,7 @@ fn a_thousand_idle_and_half_open_connections_do_not_starve_a_client() {
                 }
             };
             *kinds.entry(kind).or_default() += 1;
-            held.push(c);
+            held.push((kind, c));
         }
         let sessions: usize = kinds
             .iter()
@@ -121,7 +165,8 @@ fn a_thousand_idle_and_half_open_connections_do_not_starve_a_client() {
         let fds_held = wire::open_fds(pid);
         assert!(
             fds_held >= s.fds + CONNECTIONS,
-            "the server holds every connection ({fds_held} fds)"
+            "the server holds every connection ({fds_held} fds, opened in {:?}, head timeout {HEAD_TIMEOUT:?})",
+            opening.elapsed()
         );
         // A normal client is served, over HTTP and over a WebSocket session.
         assert_eq!(normal_answer(addr).await, s.reference);
@@ -150,7 +195,87 @@ fn a_thousand_idle_and_half_open_connections_do_not_starve_a_client() {
             "idle storm: {CONNECTIONS} connections held ({}), server fds {fds_held}, soft limit raised to {server_soft}",
             lines.join(", ")
         );
-        drop(held);
+
+        // The head timeout. A kept-alive connection that goes idle after
+        // one answer, and a session that stays idle through the timeout.
+        let mut kept = wire::connect(addr, None).await.expect("connect");
+        kept.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .expect("write");
+        let mut idle_ws = wire::ws(addr, "/v1/responses").await.expect("upgrade");
+        let (closing, staying): (Vec<_>, Vec<_>) = held
+            .into_iter()
+            .partition(|(kind, _)| HEADLESS.contains(kind));
+        let expect_closed = closing.len();
+        let closes: Vec<_> = closing
+            .into_iter()
+            .map(|(_, c)| tokio::spawn(until_closed_by_server(c)))
+            .collect();
+        let mut closed = 0;
+        for t in closes {
+            if t.await.expect("a reader").is_some() {
+                closed += 1;
+            }
+        }
+        assert_eq!(
+            closed, expect_closed,
+            "every connection without a complete head or handshake was closed after the timeout"
+        );
+        let answer = until_closed_by_server(kept)
+            .await
+            .expect("the idle kept-alive connection was closed");
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200"),
+            "the kept-alive connection was answered first: {}",
+            String::from_utf8_lossy(&answer)
+        );
+        // What stays: the sessions (idle or with half a frame) and the
+        // half bodies (their heads are complete: the body is the handler's
+        // to wait for), plus `idle_ws`.
+        let remaining = staying.len() + 1;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let fds_after = loop {
+            let n = wire::open_fds(pid);
+            if n <= s.fds + 2 + remaining {
+                break n;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server still holds {n} descriptors after the timeout \
+                 (baseline {} + {remaining} connections that remain)",
+                s.fds
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let m = wire::metrics(addr).await;
+        assert_eq!(
+            m["caracal_sessions"],
+            (sessions + 1) as f64,
+            "no WebSocket session was closed by the head timeout"
+        );
+        wire::ws_send(&mut idle_ws, &json!({"type": "response.create", "input": "still there?", "max_output_tokens": 3, "store": false}))
+            .await
+            .expect("send");
+        loop {
+            match wire::ws_next(&mut idle_ws).await {
+                WsNext::Event(v)
+                    if v["type"] == "response.completed" || v["type"] == "response.incomplete" =>
+                {
+                    break
+                }
+                WsNext::Event(v) if v["type"] == "error" => panic!("{v}"),
+                WsNext::Event(_) => {}
+                other => panic!("the idle session ended: {other:?}"),
+            }
+        }
+        let _ = idle_ws.close(None).await;
+        eprintln!(
+            "idle storm: after the {HEAD_TIMEOUT:?} head timeout {closed} connections without a head or handshake \
+             and the idle kept-alive one were closed; server fds {fds_after} with {remaining} connections left \
+             (baseline {}), {sessions} idle sessions still open and serving",
+            s.fds
+        );
+        drop(staying);
         s.settle("idle and half-open connections").await;
     });
 }
