@@ -108,7 +108,15 @@ fn caracal_pass(clip: &PathBuf, fps: f64, scale: ScalePath) -> Result<Pass> {
 fn ffmpeg_pass(clip: &PathBuf, fps: f64, (w, h): (u32, u32), source_frames: u64) -> Result<Pass> {
     let (c0, w0) = (cpu_seconds(libc::RUSAGE_CHILDREN)?, Instant::now());
     let mut child = Command::new("ffmpeg")
-        .args(["-hide_banner", "-loglevel", "error", "-nostdin", "-threads", "1", "-i"])
+        .args([
+            "-hide_banner",
+            "-loglevel",
+            "error",
+            "-nostdin",
+            "-threads",
+            "1",
+            "-i",
+        ])
         .arg(clip)
         .args(["-vf", &format!("fps={fps},scale={w}:{h}:flags=bicubic")])
         .args(["-f", "rawvideo", "-pix_fmt", "rgb24", "-"])
@@ -126,12 +134,15 @@ fn ffmpeg_pass(clip: &PathBuf, fps: f64, (w, h): (u32, u32), source_frames: u64)
         bytes += n;
     }
     let status = child.wait()?;
-    let (c1, wall) = (cpu_seconds(libc::RUSAGE_CHILDREN)?, w0.elapsed().as_secs_f64());
+    let (c1, wall) = (
+        cpu_seconds(libc::RUSAGE_CHILDREN)?,
+        w0.elapsed().as_secs_f64(),
+    );
     if !status.success() {
         bail!("ffmpeg failed: {status}");
     }
     let frame = (w * h * 3) as usize;
-    if bytes % frame != 0 || bytes == 0 {
+    if !bytes.is_multiple_of(frame) || bytes == 0 {
         bail!("ffmpeg wrote {bytes} bytes, not whole {w}x{h} RGB frames");
     }
     Ok(Pass {
@@ -151,7 +162,15 @@ fn make_clip(a: &Args) -> Result<PathBuf> {
         std::process::id()
     ));
     let status = Command::new("ffmpeg")
-        .args(["-hide_banner", "-loglevel", "error", "-nostdin", "-y", "-f", "lavfi"])
+        .args([
+            "-hide_banner",
+            "-loglevel",
+            "error",
+            "-nostdin",
+            "-y",
+            "-f",
+            "lavfi",
+        ])
         .args([
             "-i",
             &format!("testsrc2=size={}:rate={}", a.size, a.src_fps),
@@ -167,11 +186,18 @@ fn make_clip(a: &Args) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Median and best (lowest) CPU seconds, and the pass count.
+/// Median and best (lowest) CPU seconds.
 fn stats(passes: &[Pass]) -> (f64, f64) {
     let mut cpu: Vec<f64> = passes.iter().map(|p| p.cpu_s).collect();
     cpu.sort_by(|a, b| a.total_cmp(b));
     (cpu[cpu.len() / 2], cpu[0])
+}
+
+/// Median wall seconds.
+fn median_wall(passes: &[Pass]) -> f64 {
+    let mut w: Vec<f64> = passes.iter().map(|p| p.wall_s).collect();
+    w.sort_by(|a, b| a.total_cmp(b));
+    w[w.len() / 2]
 }
 
 fn main() -> Result<()> {
@@ -194,7 +220,8 @@ fn main() -> Result<()> {
             ..VideoOptions::default()
         },
     )?;
-    let plan = caracal_media::plan_resize(probe.info.width, probe.info.height, &video_frame_config())?;
+    let plan =
+        caracal_media::plan_resize(probe.info.width, probe.info.height, &video_frame_config())?;
     let target = (plan.resized_width, plan.resized_height);
     let source = probe.total_frames;
     drop(probe);
@@ -219,11 +246,7 @@ fn main() -> Result<()> {
             "source_frames": p.source_frames,
             "cpu_s_median": med,
             "cpu_s_best": best,
-            "wall_s_median": {
-                let mut w: Vec<f64> = passes.iter().map(|p| p.wall_s).collect();
-                w.sort_by(|a, b| a.total_cmp(b));
-                w[w.len() / 2]
-            },
+            "wall_s_median": median_wall(passes),
             "frames_per_core_s": rate,
             "source_frames_per_core_s": p.source_frames as f64 / med,
             "ratio_vs_ffmpeg": rate / ff_rate,
@@ -250,8 +273,8 @@ fn main() -> Result<()> {
         eprintln!(
             "{:<40} {:>7} {:>8} {:>9.3} {:>14.2} {:>16.1} {:>7.2}x",
             r["name"].as_str().unwrap_or(""),
-            r["frames"],
-            r["source_frames"],
+            r["frames"].as_u64().unwrap_or(0),
+            r["source_frames"].as_u64().unwrap_or(0),
             r["cpu_s_median"].as_f64().unwrap_or(0.0),
             r["frames_per_core_s"].as_f64().unwrap_or(0.0),
             r["source_frames_per_core_s"].as_f64().unwrap_or(0.0),

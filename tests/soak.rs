@@ -108,9 +108,15 @@ fn two_minute_soak_keeps_memory_flat_without_errors() {
         let want = 15.0 * (i + 1) as f64;
         // The collector wakes at each multiple of the interval; the scrape
         // itself may take a moment on a loaded machine.
-        assert!(at >= want - 0.5 && at <= want + 5.0, "row {i} at {at} s\n{text}");
+        assert!(
+            at >= want - 0.5 && at <= want + 5.0,
+            "row {i} at {at} s\n{text}"
+        );
         assert_eq!(num(row, "errors"), 0.0, "row {i}\n{text}");
-        assert!(num(row, "requests") > 0.0, "turns finish in every interval\n{text}");
+        assert!(
+            num(row, "requests") > 0.0,
+            "turns finish in every interval\n{text}"
+        );
         assert!(num(row, "ttft_p99_ms") >= num(row, "ttft_p50_ms"), "{text}");
         assert!(num(row, "rss_bytes") > 0.0, "{text}");
         assert_eq!(num(row, "kv_pages_total"), total, "{text}");
@@ -133,5 +139,8 @@ fn two_minute_soak_keeps_memory_flat_without_errors() {
         RSS_SLOPE_BOUND * 100.0
     );
     assert!(soak["kv_pages_slope_per_min"].is_number(), "{soak}");
-    assert!(soak["ttft_p99_last_ms"].as_f64().expect("ttft") > 0.0, "{soak}");
+    assert!(
+        soak["ttft_p99_last_ms"].as_f64().expect("ttft") > 0.0,
+        "{soak}"
+    );
 }

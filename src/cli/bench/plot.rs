@@ -76,7 +76,12 @@ pub fn draw(minutes: &[f64], span_min: f64, warmup_min: f64, panels: &[Series<'_
     for (i, p) in panels.iter().enumerate() {
         let top = TOP + i as i64 * PANEL_STEP;
         let bottom = top + PANEL_H;
-        c.text(x0, top - 10 - 7 * SCALE, &p.title.to_ascii_uppercase(), BLACK);
+        c.text(
+            x0,
+            top - 10 - 7 * SCALE,
+            &p.title.to_ascii_uppercase(),
+            BLACK,
+        );
         let data_max = p.values.iter().flatten().fold(0.0f64, |a, &b| a.max(b));
         let y_top = match p.y_max {
             Some(m) if m > 0.0 => m,
@@ -145,7 +150,7 @@ pub fn draw(minutes: &[f64], span_min: f64, warmup_min: f64, panels: &[Series<'_
 
 /// A step of 1, 2 or 5 times a power of ten, at least `raw`.
 fn nice_step(raw: f64) -> f64 {
-    if !(raw > 0.0) || !raw.is_finite() {
+    if raw.is_nan() || raw <= 0.0 || raw.is_infinite() {
         return 1.0;
     }
     let p = 10f64.powf(raw.log10().floor());
@@ -338,7 +343,11 @@ mod tests {
             0.2,
             &[
                 series("rss (mib)", [0, 0, 200], vec![Some(40.0); 4]),
-                series("kv", [200, 0, 0], vec![Some(1.0), None, Some(3.0), Some(2.0)]),
+                series(
+                    "kv",
+                    [200, 0, 0],
+                    vec![Some(1.0), None, Some(3.0), Some(2.0)],
+                ),
                 series("ttft", [0, 150, 0], vec![None; 4]),
             ],
         );

@@ -79,7 +79,7 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
         "h" => v * 3600.0,
         other => return Err(format!("unknown unit `{other}` in `{s}` (ms, s, m, h)")),
     };
-    if !(secs > 0.0) || !secs.is_finite() {
+    if secs.is_nan() || secs <= 0.0 || secs.is_infinite() {
         return Err(format!("`{s}` must be a positive duration"));
     }
     Ok(Duration::from_secs_f64(secs))
@@ -322,7 +322,14 @@ async fn session(
                 break;
             };
             let tool = words(&mut rng, cfg.tool_result_len);
-            append_turn(&mut convo, shape.endpoint, &answer, &tool, id, round * 1000 + t);
+            append_turn(
+                &mut convo,
+                shape.endpoint,
+                &answer,
+                &tool,
+                id,
+                round * 1000 + t,
+            );
         }
     }
 }
@@ -355,7 +362,10 @@ fn csv_line(r: &Row) -> String {
         r.error_total()
     );
     for k in ErrorKind::ALL {
-        s.push_str(&format!(",{}", r.errors.get(k.name()).copied().unwrap_or(0)));
+        s.push_str(&format!(
+            ",{}",
+            r.errors.get(k.name()).copied().unwrap_or(0)
+        ));
     }
     s.push_str(&format!(",{:.1}", r.tokens_per_s));
     s
@@ -556,7 +566,11 @@ fn draw(path: &std::path::Path, r: &SoakReport) -> Result<()> {
             },
             plot::Series {
                 title: &kv_title,
-                values: r.rows.iter().map(|x| x.kv_pages_used.map(|v| v as f64)).collect(),
+                values: r
+                    .rows
+                    .iter()
+                    .map(|x| x.kv_pages_used.map(|v| v as f64))
+                    .collect(),
                 color: [200, 40, 40],
                 y_max: total.map(|t| t as f64),
             },
@@ -609,7 +623,11 @@ pub fn print(url: &str, model: &str, r: &SoakReport) {
         .collect();
     println!(
         "errors: {}",
-        if errs.is_empty() { "none".to_string() } else { errs.join(", ") }
+        if errs.is_empty() {
+            "none".to_string()
+        } else {
+            errs.join(", ")
+        }
     );
     for e in &r.error_messages {
         println!("error: {e}");
@@ -646,7 +664,8 @@ mod tests {
 
     #[test]
     fn gauges_from_prometheus_text() {
-        let text = "# HELP process_resident_memory_bytes x\n# TYPE process_resident_memory_bytes gauge\n\
+        let text =
+            "# HELP process_resident_memory_bytes x\n# TYPE process_resident_memory_bytes gauge\n\
                     process_resident_memory_bytes 1.2e6\ncaracal_kv_pages_used 12\n\
                     caracal_kv_pages_used_total{x=\"1\"} 5\ncaracal_kv_pages_total 64\n";
         assert_eq!(
@@ -674,8 +693,9 @@ mod tests {
         assert_eq!(ErrorKind::of(&status(503)), ErrorKind::Http5xx);
         let ev: anyhow::Error = ServerError::Event("x".into()).into();
         assert_eq!(ErrorKind::of(&ev), ErrorKind::ErrorEvent);
-        let refused = anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
-            .context("connecting to 127.0.0.1:1");
+        let refused =
+            anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+                .context("connecting to 127.0.0.1:1");
         assert_eq!(ErrorKind::of(&refused), ErrorKind::Connect);
         assert_eq!(ErrorKind::of(&anyhow::anyhow!("odd")), ErrorKind::Stream);
     }
