@@ -2,7 +2,9 @@
 //! written by hand: counters and histograms are atomics updated by the
 //! request tasks; gauges (queue length, running sequences, KV pages,
 //! sessions, expert selections) are read from the engine at scrape time.
-//! Every name carries the `caracal_` prefix.
+//! Every name carries the `caracal_` prefix, except
+//! `process_resident_memory_bytes`, which keeps Prometheus' standard name so
+//! dashboards and the soak bench (`caracal bench --duration`) find it.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -219,6 +221,14 @@ impl Metrics {
             "1 while the scheduler thread runs (0: it stopped and no request can be served).",
             u64::from(engine.scheduler.is_some()),
         );
+        if let Some(rss) = resident_memory_bytes() {
+            gauge(
+                &mut out,
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes.",
+                rss,
+            );
+        }
         if let Some(s) = &engine.scheduler {
             gauge(
                 &mut out,
@@ -314,6 +324,17 @@ impl Metrics {
     }
 }
 
+/// This process's resident set in bytes: the second field of
+/// `/proc/self/statm` (pages) times the page size; `None` where there is no
+/// procfs (the gauge is then left out).
+pub fn resident_memory_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(page).ok().map(|p| pages * p)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,6 +352,13 @@ mod tests {
         assert!(text.contains("caracal_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n"));
         assert!(text.contains("caracal_time_to_first_token_seconds_count 3\n"));
         assert!(text.contains("caracal_requests_total{endpoint=\"completions\"} 1\n"));
+        // Linux: the resident set of this test process, at least a few pages.
+        let rss = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+            .and_then(|v| v.parse::<u64>().ok())
+            .expect("the RSS gauge");
+        assert!(rss >= 1 << 20, "{rss}");
     }
 }
 

@@ -18,6 +18,29 @@ use tokio::net::TcpStream;
 /// Largest error body kept for a message.
 const ERROR_BODY_CHARS: usize = 400;
 
+/// Failures the server (rather than the network) caused, as their own types so a
+/// report can count them by kind (connection failures are the `std::io::Error`
+/// under the `connecting to` context; the rest are the transport's).
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A non-2xx status.
+    #[error("HTTP {status} from {url}: {body}")]
+    Status {
+        /// The status code.
+        status: u16,
+        /// The request URL.
+        url: String,
+        /// The start of the response body.
+        body: String,
+    },
+    /// An `error` object inside the event stream.
+    #[error("error event: {0}")]
+    Event(String),
+    /// The stream closed before its `[DONE]` event.
+    #[error("the event stream ended without [DONE]")]
+    Truncated,
+}
+
 /// Where requests go: the server's address, the path prefix before `/v1`
 /// and the bearer key.
 #[derive(Debug, Clone)]
@@ -144,9 +167,21 @@ impl Target {
                 .chars()
                 .take(ERROR_BODY_CHARS)
                 .collect();
-            bail!("HTTP {status} from {}: {text}", self.url(path));
+            return Err(ServerError::Status {
+                status: status.as_u16(),
+                url: self.url(path),
+                body: text,
+            }
+            .into());
         }
         Ok(resp)
+    }
+
+    /// `GET path` as text (e.g. `/metrics`).
+    pub async fn get_text(&self, path: &str) -> Result<String> {
+        let resp = self.send(Method::GET, path, None).await?;
+        let body = resp.into_body().collect().await?.to_bytes();
+        String::from_utf8(body.to_vec()).with_context(|| format!("{} is not UTF-8", self.url(path)))
     }
 
     /// `GET path` as JSON.
@@ -190,7 +225,7 @@ impl Target {
                 let v: Value = serde_json::from_str(&data)
                     .with_context(|| format!("an event that is not JSON: {data}"))?;
                 if let Some(err) = v.get("error") {
-                    bail!("error event: {err}");
+                    return Err(ServerError::Event(err.to_string()).into());
                 }
                 if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
                     out.usage = Some(parse_usage(u));
@@ -209,7 +244,7 @@ impl Target {
             }
         }
         if !done {
-            bail!("the event stream ended without [DONE]");
+            return Err(ServerError::Truncated.into());
         }
         out.e2e = t0.elapsed().as_secs_f64();
         Ok(out)

@@ -9,7 +9,8 @@
 //! assistant tool call) and a tool result of `--tool-result-len` words,
 //! and the whole conversation is sent again, as agents do over Chat
 //! Completions; it reports first-turn against follow-up TTFT and the share
-//! of follow-up prompts the server reports as cached.
+//! of follow-up prompts the server reports as cached. With `--duration` the
+//! agent loop becomes the soak of [`super::soak`] instead.
 //!
 //! Prompts are random common English words (about one token each with BPE
 //! vocabularies); the prompt token counts reported are the server's own
@@ -27,6 +28,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::client::{Streamed, Target};
+use super::soak::{self, SoakConfig};
 
 /// Error messages kept per report.
 const KEPT_ERRORS: usize = 4;
@@ -183,7 +185,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// The request path.
-    fn path(self) -> &'static str {
+    pub(super) fn path(self) -> &'static str {
         match self {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
@@ -236,6 +238,8 @@ pub struct LoadConfig {
     pub seed: u64,
     /// Print JSON instead of tables.
     pub json: bool,
+    /// agent-loop: run for a duration, sampling the server (the soak).
+    pub soak: Option<SoakConfig>,
 }
 
 /// Mean and percentiles of one latency, milliseconds.
@@ -252,7 +256,7 @@ pub struct Dist {
 impl Dist {
     /// Of values in seconds, reported in milliseconds (linear interpolation
     /// between order statistics).
-    fn of_secs(values: impl IntoIterator<Item = f64>) -> Dist {
+    pub(super) fn of_secs(values: impl IntoIterator<Item = f64>) -> Dist {
         let mut v: Vec<f64> = values.into_iter().map(|x| x * 1e3).collect();
         if v.is_empty() {
             return Dist::default();
@@ -353,7 +357,7 @@ pub struct AgentReport {
 }
 
 /// `n` random words.
-fn words(rng: &mut Rng, n: usize) -> String {
+pub(super) fn words(rng: &mut Rng, n: usize) -> String {
     let mut s = String::with_capacity(n * 7);
     for i in 0..n {
         if i > 0 {
@@ -366,20 +370,20 @@ fn words(rng: &mut Rng, n: usize) -> String {
 
 /// What every request carries besides its prompt.
 #[derive(Debug, Clone)]
-struct Shape {
+pub(super) struct Shape {
     /// Endpoint.
-    endpoint: Endpoint,
+    pub(super) endpoint: Endpoint,
     /// Model name.
     model: String,
     /// `max_tokens`.
-    max_tokens: usize,
+    pub(super) max_tokens: usize,
     /// `ignore_eos`.
     ignore_eos: bool,
 }
 
 impl Shape {
     /// The request body: `prompt` is the chat `messages` array or a text.
-    fn body(&self, prompt: Value, max_tokens: usize) -> Value {
+    pub(super) fn body(&self, prompt: Value, max_tokens: usize) -> Value {
         let mut b = json!({
             "model": self.model,
             "max_tokens": max_tokens,
@@ -398,7 +402,7 @@ impl Shape {
     }
 
     /// A single user turn of `text`.
-    fn first(&self, text: String) -> Value {
+    pub(super) fn first(&self, text: String) -> Value {
         match self.endpoint {
             Endpoint::Chat => json!([{"role": "user", "content": text}]),
             Endpoint::Completions => json!(text),
@@ -488,6 +492,21 @@ async fn run_async(cfg: LoadConfig) -> Result<()> {
             }
             if completed == 0 {
                 bail!("no request completed");
+            }
+        }
+        Scenario::AgentLoop if cfg.soak.is_some() => {
+            let spec = cfg.soak.clone().expect("matched Some");
+            let r = soak::run(target.clone(), shape.clone(), &cfg, &spec, &mut rng).await?;
+            if cfg.json {
+                let mut out = head;
+                out["tool_result_len"] = json!(cfg.tool_result_len);
+                out["soak"] = serde_json::to_value(&r)?;
+                println!("{out}");
+            } else {
+                soak::print(&target.url(shape.endpoint.path()), &model, &r);
+            }
+            if r.requests == 0 {
+                bail!("no turn completed");
             }
         }
         Scenario::AgentLoop => {
@@ -634,7 +653,7 @@ async fn session(
 }
 
 /// Appends the model's answer (as an assistant tool call) and a tool result.
-fn append_turn(
+pub(super) fn append_turn(
     convo: &mut Value,
     endpoint: Endpoint,
     answer: &str,

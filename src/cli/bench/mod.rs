@@ -3,10 +3,14 @@
 //! throughput and cache hit rate, comparing concurrency levels and
 //! cached-history follow-ups side by side in one run. With `--url` it
 //! loads any OpenAI-compatible server over HTTP instead ([`load`]: the
-//! serving and agent-loop scenarios; [`client`]: the streamed requests).
+//! serving and agent-loop scenarios; [`client`]: the streamed requests;
+//! [`soak`]: the agent loop for a duration, sampled into a CSV and a
+//! [`plot`]).
 
 mod client;
 mod load;
+mod plot;
+mod soak;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -76,6 +80,20 @@ pub struct BenchArgs {
     /// (vs the same new tokens without history); 0 skips it.
     #[arg(long, default_value_t = 0)]
     history: usize,
+    /// With --url --scenario agent-loop: run the sessions for this long (30m,
+    /// 120s, 1h), conversation after conversation, sampling the server (the soak).
+    #[arg(long, value_parser = soak::parse_duration)]
+    duration: Option<std::time::Duration>,
+    /// Soak: time between samples (rows of the CSV).
+    #[arg(long, value_parser = soak::parse_duration, default_value = "60s")]
+    sample_interval: std::time::Duration,
+    /// Soak: write the samples to this CSV file.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Soak: draw server RSS, KV pages and TTFT p99 over time into this PNG
+    /// (960x720).
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Seed of the random prompts.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -232,7 +250,19 @@ async fn run_level(
 
 /// Runs `caracal bench`.
 pub fn run(a: BenchArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> {
+    if a.duration.is_none() && (a.csv.is_some() || a.plot.is_some()) {
+        bail!("--csv and --plot belong to the soak: add --duration");
+    }
+    if a.duration.is_some() && (a.url.is_none() || a.scenario != load::Scenario::AgentLoop) {
+        bail!("--duration runs the soak: it needs --url and --scenario agent-loop");
+    }
     if let Some(url) = a.url.clone() {
+        let soak = a.duration.map(|duration| soak::SoakConfig {
+            duration,
+            sample_interval: a.sample_interval,
+            csv: a.csv.clone(),
+            plot: a.plot.clone(),
+        });
         return load::run(load::LoadConfig {
             url,
             api_key: a.api_key,
@@ -250,6 +280,7 @@ pub fn run(a: BenchArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
             ignore_eos: !a.disable_ignore_eos,
             seed: a.seed,
             json: a.json,
+            soak,
         });
     }
     let model_dir = super::model_dir(a.model.clone().map(PathBuf::from))?;

@@ -1,0 +1,146 @@
+//! The CI soak: the real `caracal serve` on the tiny llama fixture, loaded
+//! for two minutes by the real `caracal bench --url … --scenario agent-loop
+//! --duration 2m --sessions 16 --sample-interval 15s --csv … --plot …`.
+//!
+//! The KV pool is kept small (`--kv-cache-memory 4MiB`: 1,024 pages of 16
+//! tokens) so the prefix cache fills within the warm-up and the rest of the
+//! run exercises eviction; a pool that is still filling would make RSS grow
+//! for a reason other than a leak (its pages are touched on first use).
+//!
+//! Asserted: a row every 15 s (8 rows), zero errors, turns finished in every
+//! interval, KV pages in use never above the pool, the PNG decodes at its
+//! stated 960×720, and the RSS slope after warm-up (the first 20%) below 2%
+//! of the mean RSS per minute. That bound is a leak check, not a speed check:
+//! the run finishes thousands of turns a minute, so a leak of even a few
+//! hundred bytes per request (a dropped-but-unfreed sequence, a session map
+//! that never shrinks) grows RSS by well over 2% of its ~60 MB a minute,
+//! while allocator noise after warm-up stays far under it. No timing
+//! assertions beyond the sampling cadence.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+mod common;
+
+use common::serve::ServeProcess;
+
+use serde_json::Value;
+
+/// Rows the 2-minute run at a 15 s interval writes.
+const ROWS: usize = 8;
+/// Stated size of the plot (`caracal bench --plot`).
+const PLOT_SIZE: (u32, u32) = (960, 720);
+/// Largest RSS growth after warm-up, as a share of the mean RSS per minute.
+const RSS_SLOPE_BOUND: f64 = 0.02;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fresh scratch folder under the target dir.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+#[test]
+fn two_minute_soak_keeps_memory_flat_without_errors() {
+    let model = root().join("tests/fixtures/tiny-llama");
+    let server = ServeProcess::start(
+        &[
+            "--model",
+            model.to_str().expect("a UTF-8 path"),
+            "--kv-cache-memory",
+            "4MiB",
+        ],
+        300,
+    );
+    let dir = scratch("soak");
+    let (csv, png) = (dir.join("soak.csv"), dir.join("soak.png"));
+    let out = Command::new(env!("CARGO_BIN_EXE_caracal"))
+        .args(["bench", "--url", &server.url(), "--json"])
+        .args(["--scenario", "agent-loop", "--duration", "2m"])
+        .args(["--sessions", "16", "--sample-interval", "15s"])
+        // Conversations of three short turns stay inside the fixture's
+        // 256-token context; then each session starts a new one.
+        .args(["--turns", "3", "--input-len", "2", "--output-len", "3"])
+        .args(["--tool-result-len", "2"])
+        .arg("--csv")
+        .arg(&csv)
+        .arg("--plot")
+        .arg(&png)
+        .output()
+        .expect("run caracal bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let soak = &r["soak"];
+
+    // The CSV: a header and a row every 15 s.
+    let text = std::fs::read_to_string(&csv).expect("the CSV");
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("no column {name} in {header:?}"))
+    };
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), ROWS, "{text}");
+    assert_eq!(soak["rows"].as_array().map(Vec::len), Some(ROWS), "{soak}");
+    let num = |row: &[&str], name: &str| -> f64 {
+        row[col(name)]
+            .parse()
+            .unwrap_or_else(|e| panic!("{name} = {:?}: {e}\n{text}", row[col(name)]))
+    };
+    let total = soak["kv_pages_total"].as_f64().expect("pool size");
+    assert!(total > 0.0, "{soak}");
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(row.len(), header.len(), "{text}");
+        let at = num(row, "elapsed_s");
+        let want = 15.0 * (i + 1) as f64;
+        // The collector wakes at each multiple of the interval; the scrape
+        // itself may take a moment on a loaded machine.
+        assert!(
+            at >= want - 0.5 && at <= want + 5.0,
+            "row {i} at {at} s\n{text}"
+        );
+        assert_eq!(num(row, "errors"), 0.0, "row {i}\n{text}");
+        assert!(
+            num(row, "requests") > 0.0,
+            "turns finish in every interval\n{text}"
+        );
+        assert!(num(row, "ttft_p99_ms") >= num(row, "ttft_p50_ms"), "{text}");
+        assert!(num(row, "rss_bytes") > 0.0, "{text}");
+        assert_eq!(num(row, "kv_pages_total"), total, "{text}");
+        assert!(num(row, "kv_pages_used") <= total, "row {i}\n{text}");
+    }
+    for (kind, n) in soak["errors"].as_object().expect("errors by kind") {
+        assert_eq!(n, 0, "{kind} errors: {soak}");
+    }
+
+    // The plot.
+    let img = image::open(&png).expect("the PNG decodes");
+    assert_eq!((img.width(), img.height()), PLOT_SIZE);
+
+    // The leak check.
+    let mean = soak["rss_mean_bytes"].as_f64().expect("mean RSS");
+    let slope = soak["rss_slope_bytes_per_min"].as_f64().expect("RSS slope");
+    assert!(
+        slope < RSS_SLOPE_BOUND * mean,
+        "RSS grows {slope:.0} B/min after warm-up, over {}% of the mean {mean:.0} B\n{text}",
+        RSS_SLOPE_BOUND * 100.0
+    );
+    assert!(soak["kv_pages_slope_per_min"].is_number(), "{soak}");
+    assert!(
+        soak["ttft_p99_last_ms"].as_f64().expect("ttft") > 0.0,
+        "{soak}"
+    );
+}
