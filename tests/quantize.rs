@@ -432,10 +432,8 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn mx_bytes(m: &Matrix) -> (Vec<u8>, Vec<u8>) {
-    (
-        m.data.bytes().to_vec(),
-        m.scales.as_ref().unwrap().bytes().to_vec(),
-    )
+    let (blocks, scales) = m.row_bytes();
+    (blocks.into_owned(), scales.unwrap().into_owned())
 }
 
 fn write_st(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {

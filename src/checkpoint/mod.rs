@@ -28,7 +28,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use caracal_kernels::matrix::SharedBytes;
+use caracal_kernels::matrix::{SharedBytes, SharedSource};
 use caracal_kernels::q8::Activations;
 use caracal_kernels::{DType, Matrix, Storage};
 use memmap2::Mmap;
@@ -119,6 +119,8 @@ impl AsRef<[u8]> for MappedFile {
         &self.0
     }
 }
+
+impl SharedSource for MappedFile {}
 
 /// How a checkpoint's weights are loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
