@@ -694,6 +694,7 @@ fn int8_mxfp4_load_releases_the_mapped_row_layout() {
     let ckpt = Checkpoint::open_with(&dir.0, &int8).unwrap();
     let m8 = ckpt.matrix("a.weight", rows, cols).unwrap();
     let rss_int8 = mapped_rss_kib(&file);
+    println!("file pages resident: f32 {rss_f32} KiB, int8 {rss_int8} KiB");
     assert!(
         rss_int8 <= 128,
         "int8: {rss_int8} KiB of the file still resident"
