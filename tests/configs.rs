@@ -288,7 +288,7 @@ fn load_options_carry_the_activation_mode_to_the_checkpoint() {
         (int8, Activations::Int8),
     ] {
         let ckpt = Checkpoint::open_with(&dir, &opts).unwrap();
-        assert_eq!(ckpt.matrix(name, 32, 32).unwrap().activations, want);
+        assert_eq!(ckpt.matrix(name, 32, 32).unwrap().activations(), want);
     }
     // Both modes give the model's answer: int8 activations move logits by
     // the rounding of activations to 8 bits per 32 values, well under 5% of

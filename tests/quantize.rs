@@ -432,10 +432,8 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn mx_bytes(m: &Matrix) -> (Vec<u8>, Vec<u8>) {
-    (
-        m.data.bytes().to_vec(),
-        m.scales.as_ref().unwrap().bytes().to_vec(),
-    )
+    let (blocks, scales) = m.row_bytes();
+    (blocks.into_owned(), scales.unwrap().into_owned())
 }
 
 fn write_st(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
@@ -624,6 +622,97 @@ fn compressed_tensors_pair_loads_as_an_mxfp4_matrix() {
     assert_eq!(ckpt.total_params(), rows * cols);
     let err = ckpt.matrix("a.weight", rows, 64).unwrap_err().to_string();
     assert!(err.contains("a.weight_packed"), "{err}");
+}
+
+/// Resident KiB of this process's mappings of `path` (`/proc/self/smaps`).
+#[cfg(target_os = "linux")]
+fn mapped_rss_kib(path: &Path) -> usize {
+    let path = std::fs::canonicalize(path).unwrap();
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let (mut ours, mut kib) = (false, 0);
+    for line in smaps.lines() {
+        let mut f = line.split_whitespace();
+        match f.next() {
+            Some("Rss:") if ours => kib += f.next().unwrap().parse::<usize>().unwrap(),
+            Some(first) if first.contains('-') && !first.ends_with(':') => {
+                ours = line.ends_with(path.to_str().unwrap());
+            }
+            _ => {}
+        }
+    }
+    kib
+}
+
+/// An int8 MXFP4 matrix keeps only its panels: loading it reads the mapped
+/// row layout once, to pack it, and then hands those pages back while the
+/// checkpoint (and its mapping) lives on, where an f32 matrix keeps reading
+/// them. Bound: every page of the 512 KiB of blocks is resident after an f32
+/// decode; after the int8 load at most 128 KiB of the file stay mapped (the
+/// header, the pages the row layout shares with its neighbours, and the
+/// kernel's fault-around windows of 64 KiB at either end).
+#[cfg(target_os = "linux")]
+#[test]
+fn int8_mxfp4_load_releases_the_mapped_row_layout() {
+    use caracal::checkpoint::LoadOptions;
+    use caracal_kernels::Activations;
+    let (rows, cols) = (1024usize, 1024usize);
+    let w = values(rows * cols, 9);
+    let q = Matrix::quantize_mxfp4(rows, cols, &w).unwrap();
+    let (b, s) = mx_bytes(&q);
+    let dir = TempDir::new("mx-release");
+    let file = dir.0.join("model.safetensors");
+    write_st(
+        &file,
+        &[
+            (
+                "a.weight_packed",
+                Dtype::U8,
+                vec![rows, cols / 2],
+                b.clone(),
+            ),
+            (
+                "a.weight_scale",
+                Dtype::U8,
+                vec![rows, cols / 32],
+                s.clone(),
+            ),
+        ],
+    );
+    let want = q.to_f32_vec();
+
+    let f32 = Checkpoint::open(&dir.0).unwrap();
+    let m = f32.matrix("a.weight", rows, cols).unwrap();
+    assert_eq!(m.to_f32_vec(), want);
+    let rss_f32 = mapped_rss_kib(&file);
+    assert!(rss_f32 >= b.len() / 1024, "f32: {rss_f32} KiB resident");
+    drop((m, f32));
+    assert_eq!(mapped_rss_kib(&file), 0, "unmapped with its checkpoint");
+
+    let int8 = LoadOptions {
+        activations: Activations::Int8,
+    };
+    let ckpt = Checkpoint::open_with(&dir.0, &int8).unwrap();
+    let m8 = ckpt.matrix("a.weight", rows, cols).unwrap();
+    let rss_int8 = mapped_rss_kib(&file);
+    println!("file pages resident: f32 {rss_f32} KiB, int8 {rss_int8} KiB");
+    assert!(
+        rss_int8 <= 128,
+        "int8: {rss_int8} KiB of the file still resident"
+    );
+    let p = m8.panels().expect("int8 MXFP4 holds panels");
+    assert!(m8.data().is_none());
+    assert_eq!(m8.nbytes(), p.nbytes());
+    assert_eq!(
+        m8.nbytes(),
+        b.len() + s.len() + rows / 16,
+        "one flag byte per panel"
+    );
+    assert_eq!(m8.to_f32_vec(), want, "rows decode from the panels");
+    assert_eq!(mx_bytes(&m8), (b, s), "the row layout unpacks exactly");
+    assert!(
+        mapped_rss_kib(&file) <= 128,
+        "reading rows does not touch the file"
+    );
 }
 
 /// SmolLM2-135M-Instruct imported from the cached GGUF (bf16), quantized to

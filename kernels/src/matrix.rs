@@ -18,11 +18,18 @@
 //! [`crate::mxfp4::panel`]) and every product, decode and prefill, runs the
 //! panel GEMM: measured 2–5× the row-layout int8 kernel from 1 to 512
 //! activation rows on SmolLM2's shapes (`benches/mxfp4_prefill.rs`). The
-//! panels take as many bytes as the row layout; the row layout stays in
-//! [`Matrix::data`] (a borrowed checkpoint mapping whose pages are then no
-//! longer touched by products) for [`Matrix::row_f32`], re-encoding and
-//! device uploads.
+//! panels then *are* the weight: the row layout is dropped (an owned buffer
+//! is freed; a borrowed checkpoint mapping is told, through
+//! [`SharedSource::release`], that its pages are no longer needed), so an
+//! int8 MXFP4 weight stays at 4.25 bits. [`Matrix::row_f32`] decodes a row
+//! from the panels, [`Matrix::row_bytes`] unpacks the row layout on demand
+//! (re-encoding, device uploads), and switching the matrix back to
+//! [`Activations::F32`] unpacks it into an owned row layout. Because the two
+//! layouts must never disagree, they are private ([`Matrix::data`],
+//! [`Matrix::scales`] and [`Matrix::panels`] read them).
 
+use std::borrow::Cow;
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::dtype::{bf16_to_f32, DType};
@@ -31,7 +38,19 @@ use crate::mxfp4::panel::Panels;
 use crate::q8::Activations;
 
 /// Bytes owned elsewhere (a memory map) that a [`Storage`] can borrow.
-pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+pub trait SharedSource: AsRef<[u8]> + Send + Sync {
+    /// Told when a borrow of `range` (byte offsets into [`AsRef::as_ref`])
+    /// will not read it again: an MXFP4 matrix repacked into panels. A memory
+    /// map may drop its resident pages lying wholly inside the range (they are
+    /// read again from the file should another borrow touch them); the bytes
+    /// seen through any borrow must not change. The default does nothing.
+    fn release(&self, range: Range<usize>) {
+        let _ = range;
+    }
+}
+
+/// A shared owner of bytes, as [`Storage::borrowed`] takes it.
+pub type SharedBytes = Arc<dyn SharedSource>;
 
 /// Raw bytes of a tensor: borrowed from a shared owner or owned here.
 #[derive(Clone)]
@@ -53,6 +72,9 @@ impl AsRef<[u8]> for AlignedBuf {
         unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const u8, self.1) }
     }
 }
+
+/// Owned bytes are freed with their last [`Storage`], not released early.
+impl SharedSource for AlignedBuf {}
 
 impl Storage {
     /// Borrows `len` bytes at `offset` of `owner`; copies them when they are
@@ -105,6 +127,12 @@ impl Storage {
     pub fn as_u16(&self) -> &[u16] {
         cast_slice(self.bytes())
     }
+
+    /// Tells the owner that these bytes will not be read through this
+    /// storage again (see [`SharedSource::release`]), and drops the borrow.
+    pub fn release(self) {
+        self.owner.release(self.offset..self.offset + self.len);
+    }
 }
 
 impl std::fmt::Debug for Storage {
@@ -143,19 +171,29 @@ pub struct Matrix {
     pub rows: usize,
     /// Input features.
     pub cols: usize,
-    /// How `data` is encoded.
+    /// How the weights are encoded.
     pub dtype: DType,
-    /// The row-major values (for MXFP4: packed blocks `[rows, cols/32, 16]`;
-    /// for Q8_0: int8 `[rows, cols]`).
-    pub data: Storage,
-    /// Block scales `[rows, cols/32]`: E8M0 bytes for MXFP4, f32 for Q8_0.
-    pub scales: Option<Storage>,
+    /// The weights, in row layout or (int8 MXFP4) in panels.
+    weights: Weights,
     /// How [`Matrix::matmul`] treats activations when `dtype` is MXFP4 or
     /// Q8_0 (ignored for f32, bf16 and f16). Default [`Activations::F32`].
-    pub activations: Activations,
-    /// The MXFP4 weights in panel layout, built by [`Matrix::with_activations`]
-    /// for [`Activations::Int8`]; products use them when present.
-    panels: Option<Arc<Panels>>,
+    activations: Activations,
+}
+
+/// The bytes of a [`Matrix`], in exactly one layout.
+#[derive(Clone, Debug)]
+enum Weights {
+    /// The stored row layout.
+    Rows {
+        /// Row-major values (MXFP4: packed blocks `[rows, cols/32, 16]`;
+        /// Q8_0: int8 `[rows, cols]`).
+        data: Storage,
+        /// Block scales `[rows, cols/32]`: E8M0 bytes for MXFP4, f32 for
+        /// Q8_0; `None` for float dtypes.
+        scales: Option<Storage>,
+    },
+    /// An MXFP4 matrix with [`Activations::Int8`], repacked (shared by clones).
+    Panels(Arc<Panels>),
 }
 
 impl Matrix {
@@ -185,10 +223,8 @@ impl Matrix {
             rows,
             cols,
             dtype,
-            data,
-            scales: None,
+            weights: Weights::Rows { data, scales: None },
             activations: Activations::F32,
-            panels: None,
         })
     }
 
@@ -206,10 +242,11 @@ impl Matrix {
             rows,
             cols,
             dtype: DType::Mxfp4,
-            data: blocks,
-            scales: Some(scales),
+            weights: Weights::Rows {
+                data: blocks,
+                scales: Some(scales),
+            },
             activations: Activations::F32,
-            panels: None,
         })
     }
 
@@ -233,34 +270,116 @@ impl Matrix {
             rows,
             cols,
             dtype: DType::Q8_0,
-            data: values,
-            scales: Some(scales),
+            weights: Weights::Rows {
+                data: values,
+                scales: Some(scales),
+            },
             activations: Activations::F32,
-            panels: None,
         })
     }
 
     /// This matrix with quantized products run in mode `activations` (see
     /// the [module docs](self)); f32, bf16 and f16 matrices ignore it. An
     /// MXFP4 matrix set to [`Activations::Int8`] is repacked into panels here
-    /// (once: a clone shares them).
-    pub fn with_activations(mut self, activations: Activations) -> Matrix {
-        self.activations = activations;
-        let int8_mxfp4 = self.dtype == DType::Mxfp4 && activations == Activations::Int8;
-        if !int8_mxfp4 {
-            self.panels = None;
-        } else if self.panels.is_none() {
-            let p = Panels::pack(self.data.bytes(), self.mx_scales(), self.rows, self.cols)
-                .expect("MXFP4 layout checked at construction");
-            self.panels = Some(Arc::new(p));
+    /// (once: a clone shares them) and its row layout released; set back to
+    /// [`Activations::F32`], it unpacks the panels into an owned row layout.
+    pub fn with_activations(self, activations: Activations) -> Matrix {
+        let Matrix {
+            rows,
+            cols,
+            dtype,
+            weights,
+            ..
+        } = self;
+        let weights = match (dtype, activations, weights) {
+            (DType::Mxfp4, Activations::Int8, Weights::Rows { data, scales }) => {
+                let scales = scales.expect("MXFP4 matrices are built with scales");
+                let p = Panels::pack(data.bytes(), scales.bytes(), rows, cols)
+                    .expect("MXFP4 layout checked at construction");
+                data.release();
+                scales.release();
+                Weights::Panels(Arc::new(p))
+            }
+            (_, Activations::F32, Weights::Panels(p)) => {
+                let (blocks, scales) = p.unpack();
+                Weights::Rows {
+                    data: Storage::from_bytes(&blocks),
+                    scales: Some(Storage::from_bytes(&scales)),
+                }
+            }
+            (_, _, w) => w,
+        };
+        Matrix {
+            rows,
+            cols,
+            dtype,
+            weights,
+            activations,
         }
-        self
     }
 
-    /// The panel layout products use, when this is an MXFP4 matrix with
-    /// [`Activations::Int8`].
+    /// How quantized products treat activations (see [`Matrix::with_activations`]).
+    pub fn activations(&self) -> Activations {
+        self.activations
+    }
+
+    /// The panel layout an MXFP4 matrix with [`Activations::Int8`] holds
+    /// (instead of the row layout).
     pub fn panels(&self) -> Option<&Panels> {
-        self.panels.as_deref()
+        match &self.weights {
+            Weights::Panels(p) => Some(p),
+            Weights::Rows { .. } => None,
+        }
+    }
+
+    /// The stored row-major values (MXFP4: blocks `[rows, cols/32, 16]`,
+    /// Q8_0: int8 `[rows, cols]`); `None` when the matrix holds
+    /// [`Matrix::panels`] instead (see [`Matrix::row_bytes`]).
+    pub fn data(&self) -> Option<&Storage> {
+        match &self.weights {
+            Weights::Rows { data, .. } => Some(data),
+            Weights::Panels(_) => None,
+        }
+    }
+
+    /// The stored block scales `[rows, cols/32]` (E8M0 bytes for MXFP4, f32
+    /// for Q8_0); `None` for float dtypes and for a matrix holding panels.
+    pub fn scales(&self) -> Option<&Storage> {
+        match &self.weights {
+            Weights::Rows { scales, .. } => scales.as_ref(),
+            Weights::Panels(_) => None,
+        }
+    }
+
+    /// The weights in row layout, `(values, scales)` as [`Matrix::data`] and
+    /// [`Matrix::scales`] describe them: borrowed when the matrix holds that
+    /// layout, unpacked from the panels (a copy, exact) when it does not.
+    pub fn row_bytes(&self) -> (Cow<'_, [u8]>, Option<Cow<'_, [u8]>>) {
+        match &self.weights {
+            Weights::Rows { data, scales } => (
+                Cow::Borrowed(data.bytes()),
+                scales.as_ref().map(|s| Cow::Borrowed(s.bytes())),
+            ),
+            Weights::Panels(p) => {
+                let (blocks, scales) = p.unpack();
+                (Cow::Owned(blocks), Some(Cow::Owned(scales)))
+            }
+        }
+    }
+
+    /// The lengths of [`Matrix::row_bytes`] (values, scales; 0 without
+    /// scales), without unpacking anything.
+    pub fn row_bytes_len(&self) -> (usize, usize) {
+        match &self.weights {
+            Weights::Rows { data, scales } => (
+                data.bytes().len(),
+                scales.as_ref().map(|s| s.bytes().len()).unwrap_or(0),
+            ),
+            Weights::Panels(p) => {
+                let blocks = p.rows() * (p.cols() / crate::mxfp4::BLOCK_ELEMS);
+                (blocks * crate::mxfp4::BLOCK_BYTES, blocks)
+            }
+        }
     }
 
     /// This matrix re-encoded as Q8_0 (the way llama.cpp stores output layers
@@ -292,23 +411,27 @@ impl Matrix {
         )
     }
 
+    /// The row-layout values (every matrix but one holding panels).
+    fn row_data(&self) -> &Storage {
+        self.data()
+            .expect("only MXFP4 matrices hold panels, and they are matched first")
+    }
+
     fn q8_values(&self) -> &[i8] {
-        let b = self.data.bytes();
+        let b = self.row_data().bytes();
         // SAFETY: i8 and u8 have the same size and alignment.
         unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len()) }
     }
 
     fn q8_scales(&self) -> &[f32] {
-        self.scales
-            .as_ref()
+        self.scales()
             .expect("Q8_0 matrices are built with scales")
             .as_f32()
     }
 
     fn mx_scales(&self) -> &[u8] {
-        self.scales
-            .as_ref()
-            .expect("MXFP4 matrices are built with scales")
+        self.scales()
+            .expect("row-layout MXFP4 matrices are built with scales")
             .bytes()
     }
 
@@ -338,21 +461,14 @@ impl Matrix {
             n * self.rows,
             "matmul: output has the wrong size"
         );
+        if let Weights::Panels(p) = &self.weights {
+            return p.matmul(x, n, out);
+        }
+        let data = self.row_data();
         match self.dtype {
-            DType::F32 => {
-                crate::gemm::matmul_f32(x, n, self.data.as_f32(), self.rows, self.cols, out)
-            }
-            DType::BF16 => {
-                crate::gemm::matmul_bf16(x, n, self.data.as_u16(), self.rows, self.cols, out)
-            }
-            DType::F16 => {
-                crate::gemm::matmul_f16(x, n, self.data.as_u16(), self.rows, self.cols, out)
-            }
-            DType::Mxfp4 if self.panels.is_some() => self
-                .panels
-                .as_ref()
-                .expect("matched on is_some")
-                .matmul(x, n, out),
+            DType::F32 => crate::gemm::matmul_f32(x, n, data.as_f32(), self.rows, self.cols, out),
+            DType::BF16 => crate::gemm::matmul_bf16(x, n, data.as_u16(), self.rows, self.cols, out),
+            DType::F16 => crate::gemm::matmul_f16(x, n, data.as_u16(), self.rows, self.cols, out),
             DType::Mxfp4 => {
                 let f = match self.activations {
                     Activations::F32 => crate::mxfp4::matmul_mxfp4,
@@ -361,7 +477,7 @@ impl Matrix {
                 f(
                     x,
                     n,
-                    self.data.bytes(),
+                    data.bytes(),
                     self.mx_scales(),
                     self.rows,
                     self.cols,
@@ -396,22 +512,26 @@ impl Matrix {
             self.cols,
             "row_f32: output length must equal cols"
         );
+        if let Weights::Panels(p) = &self.weights {
+            return p.dequantize_row(r, out);
+        }
         let range = r * self.cols..(r + 1) * self.cols;
+        let data = self.row_data();
         match self.dtype {
-            DType::F32 => out.copy_from_slice(&self.data.as_f32()[range]),
+            DType::F32 => out.copy_from_slice(&data.as_f32()[range]),
             DType::BF16 => {
-                for (o, &b) in out.iter_mut().zip(&self.data.as_u16()[range]) {
+                for (o, &b) in out.iter_mut().zip(&data.as_u16()[range]) {
                     *o = bf16_to_f32(b);
                 }
             }
             DType::F16 => {
-                for (o, &b) in out.iter_mut().zip(&self.data.as_u16()[range]) {
+                for (o, &b) in out.iter_mut().zip(&data.as_u16()[range]) {
                     *o = half::f16::from_bits(b).to_f32();
                 }
             }
             DType::Mxfp4 => {
                 let nb = self.cols / crate::mxfp4::BLOCK_ELEMS;
-                let blocks = &self.data.bytes()
+                let blocks = &data.bytes()
                     [r * nb * crate::mxfp4::BLOCK_BYTES..(r + 1) * nb * crate::mxfp4::BLOCK_BYTES];
                 let scales = &self.mx_scales()[r * nb..(r + 1) * nb];
                 let vals = crate::mxfp4::dequantize(blocks, scales, 1, self.cols)
@@ -438,10 +558,16 @@ impl Matrix {
         out
     }
 
-    /// Bytes of the weight in its stored layout (blocks and scales for
-    /// MXFP4); the panels of an int8 MXFP4 matrix take [`Panels::nbytes`] more.
+    /// Bytes the weight holds: its row layout (blocks and scales for MXFP4),
+    /// or for an int8 MXFP4 matrix its [`Panels::nbytes`], and nothing else.
     pub fn nbytes(&self) -> usize {
-        self.data.bytes().len() + self.scales.as_ref().map(|s| s.bytes().len()).unwrap_or(0)
+        match &self.weights {
+            Weights::Rows { .. } => {
+                let (data, scales) = self.row_bytes_len();
+                data + scales
+            }
+            Weights::Panels(p) => p.nbytes(),
+        }
     }
 }
 
@@ -504,10 +630,10 @@ mod tests {
         let (rows, cols, n) = (7, 128, 3);
         let (w, x) = weights_and_inputs(rows, cols, n);
         let mx = Matrix::quantize_mxfp4(rows, cols, &w).unwrap();
-        assert_eq!(mx.activations, Activations::F32, "the default is f32");
+        assert_eq!(mx.activations(), Activations::F32, "the default is f32");
         // Two matrices over the same blocks, one per mode, used side by side.
         let mx8 = mx.clone().with_activations(Activations::Int8);
-        let (blocks, scales) = (mx.data.bytes(), mx.mx_scales());
+        let (blocks, scales) = (mx.data().unwrap().bytes(), mx.mx_scales());
         let mut exact = vec![0.0; n * rows];
         crate::mxfp4::matmul_mxfp4(&x, n, blocks, scales, rows, cols, &mut exact);
         let mut int8 = vec![0.0; n * rows];
@@ -518,11 +644,13 @@ mod tests {
         assert_eq!(mx8.forward(&x), int8, "MXFP4, int8 activations: the panels");
         assert_eq!(mx8.panels().map(|p| p.unpack()), Some(panels.unpack()));
         let back = mx8.clone().with_activations(Activations::F32);
-        assert!(back.panels().is_none(), "back to f32 drops the panels");
+        assert!(back.panels().is_none(), "back to f32 unpacks the panels");
+        assert_eq!(back.data().unwrap().bytes(), blocks);
+        assert_eq!(back.mx_scales(), scales);
         assert_eq!(back.forward(&x), exact);
 
         let q8 = Matrix::from_f32(rows, cols, &w).to_q8_0().unwrap();
-        assert_eq!(q8.activations, Activations::F32, "the default is f32");
+        assert_eq!(q8.activations(), Activations::F32, "the default is f32");
         let q88 = q8.clone().with_activations(Activations::Int8);
         for (m, act) in [(&q8, Activations::F32), (&q88, Activations::Int8)] {
             let mut want = vec![0.0; n * rows];
@@ -553,7 +681,103 @@ mod tests {
         let bf8 = bf.clone().with_activations(Activations::Int8);
         assert_eq!(bf8.forward(&x), bf.forward(&x), "bf16 ignores the mode");
         let q = dense8.to_q8_0().unwrap();
-        assert_eq!(q.activations, Activations::Int8);
-        assert_eq!(q.to_q8_0().unwrap().activations, Activations::Int8);
+        assert_eq!(dense8.activations(), Activations::Int8);
+        assert_eq!(q.activations(), Activations::Int8);
+        assert_eq!(q.to_q8_0().unwrap().activations(), Activations::Int8);
+    }
+
+    /// A source that records the ranges it is told to release.
+    struct Recording(Vec<u8>, std::sync::Mutex<Vec<Range<usize>>>);
+
+    impl AsRef<[u8]> for Recording {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    impl SharedSource for Recording {
+        fn release(&self, range: Range<usize>) {
+            self.1.lock().unwrap().push(range);
+        }
+    }
+
+    #[test]
+    fn int8_mxfp4_matrix_holds_only_its_panels_and_reads_rows_from_them() {
+        // 37 rows: two whole panels and a partial one; 96 columns: 3 blocks.
+        let (rows, cols, n) = (37, 96, 5);
+        let (w, x) = weights_and_inputs(rows, cols, n);
+        let mx = Matrix::quantize_mxfp4(rows, cols, &w).unwrap();
+        let (blocks, scales) = (mx.data().unwrap().bytes().to_vec(), mx.mx_scales().to_vec());
+        // The row layout borrowed from a shared source (as from a memory map),
+        // at an offset, between other bytes.
+        let mut file = vec![0xAAu8; 8];
+        file.extend_from_slice(&blocks);
+        file.extend_from_slice(&scales);
+        let src = Arc::new(Recording(file, Default::default()));
+        let owner: SharedBytes = src.clone();
+        let (b0, s0) = (8, 8 + blocks.len());
+        let mapped = Matrix::mxfp4(
+            rows,
+            cols,
+            Storage::borrowed(owner.clone(), b0, blocks.len(), 1),
+            Storage::borrowed(owner, s0, scales.len(), 1),
+        )
+        .unwrap();
+        let rows_f32 = mapped.to_f32_vec();
+        let q8 = mapped.to_q8_0().unwrap();
+        assert!(src.1.lock().unwrap().is_empty());
+
+        let m8 = mapped.with_activations(Activations::Int8);
+        let p = m8.panels().expect("int8 MXFP4 packs panels");
+        assert!(
+            m8.data().is_none() && m8.scales().is_none(),
+            "no row layout kept"
+        );
+        assert_eq!(
+            m8.nbytes(),
+            p.nbytes(),
+            "resident bytes are the panels' only"
+        );
+        // Panels of 16 rows: the row layout's bytes plus the last panel's
+        // padding and one flag byte per panel.
+        let panels = rows.div_ceil(16);
+        assert_eq!(
+            p.nbytes(),
+            (panels * 16) * (cols / 2 + cols / 32) + panels,
+            "panel bytes"
+        );
+        assert_eq!(
+            *src.1.lock().unwrap(),
+            vec![b0..b0 + blocks.len(), s0..s0 + scales.len()],
+            "both borrowed ranges are released"
+        );
+        // Owners of the mapping: the test's handle only (the borrows are gone).
+        assert_eq!(Arc::strong_count(&src), 1);
+
+        // Rows, re-encoding and the row layout read from the panels are what
+        // they were before packing, bit for bit.
+        assert_eq!(m8.to_f32_vec(), rows_f32);
+        let mut row = vec![0.0; cols];
+        m8.row_f32(rows - 1, &mut row);
+        assert_eq!(row, rows_f32[(rows - 1) * cols..]);
+        let q8_after = m8.to_q8_0().unwrap();
+        assert_eq!(q8_after.row_bytes(), q8.row_bytes());
+        assert_eq!(q8_after.activations(), Activations::Int8);
+        let (rb, rs) = m8.row_bytes();
+        assert_eq!((&*rb, rs.as_deref()), (&blocks[..], Some(&scales[..])));
+        assert_eq!(m8.row_bytes_len(), (blocks.len(), scales.len()));
+
+        // Products: the panel GEMM; back in f32 mode, the exact kernel again.
+        let mut want = vec![0.0; n * rows];
+        Panels::pack(&blocks, &scales, rows, cols)
+            .unwrap()
+            .matmul(&x, n, &mut want);
+        assert_eq!(m8.forward(&x), want);
+        let f = m8.with_activations(Activations::F32);
+        assert_eq!(f.row_bytes_len(), (blocks.len(), scales.len()));
+        assert_eq!(f.nbytes(), blocks.len() + scales.len());
+        let mut exact = vec![0.0; n * rows];
+        crate::mxfp4::matmul_mxfp4(&x, n, &blocks, &scales, rows, cols, &mut exact);
+        assert_eq!(f.forward(&x), exact);
     }
 }

@@ -28,7 +28,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use caracal_kernels::matrix::SharedBytes;
+use caracal_kernels::matrix::{SharedBytes, SharedSource};
 use caracal_kernels::q8::Activations;
 use caracal_kernels::{DType, Matrix, Storage};
 use memmap2::Mmap;
@@ -117,6 +117,38 @@ struct MappedFile(Mmap);
 impl AsRef<[u8]> for MappedFile {
     fn as_ref(&self) -> &[u8] {
         &self.0
+    }
+}
+
+/// A repacked MXFP4 matrix no longer reads its mapped bytes: the pages wholly
+/// inside the range leave this process's resident set (they stay in the page
+/// cache and are mapped again, unchanged, should another borrow read them),
+/// so an int8 model holds its weights once, as panels.
+impl SharedSource for MappedFile {
+    fn release(&self, range: std::ops::Range<usize>) {
+        #[cfg(unix)]
+        {
+            // SAFETY: sysconf has no preconditions.
+            let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+                .unwrap_or(4096)
+                .max(1);
+            let (start, end) = (range.start.next_multiple_of(page), range.end / page * page);
+            if start < end && end <= self.0.len() {
+                // SAFETY: the map is read-only and shared, so MADV_DONTNEED only
+                // unmaps its pages: a later read faults the same file bytes back
+                // in, and no reference into the map sees a change. Advice only:
+                // a failure leaves the pages resident.
+                let _ = unsafe {
+                    self.0.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start,
+                        end - start,
+                    )
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = range;
     }
 }
 

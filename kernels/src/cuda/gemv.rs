@@ -501,8 +501,9 @@ fn check_dims(op: &'static str, rows: usize, cols: usize) -> CudaResult<()> {
 }
 
 /// Checks that `m` can be uploaded: a dtype with a kernel, `cols` a multiple
-/// of 32, and data/scales of exactly the sizes its layout needs (its fields
-/// are public, so a hand-built `Matrix` may be inconsistent).
+/// of 32, and row-layout data/scales of exactly the sizes its layout needs
+/// (its `rows`, `cols` and `dtype` are public, so an altered `Matrix` may be
+/// inconsistent).
 pub fn check_matrix(m: &Matrix) -> CudaResult<()> {
     const OP: &str = "DeviceMatrix::upload";
     if dtype_tag(m.dtype).is_none() {
@@ -519,16 +520,15 @@ pub fn check_matrix(m: &Matrix) -> CudaResult<()> {
         DType::Mxfp4 => (elems / 2, elems / 32),
         DType::F32 | DType::F16 => unreachable!("rejected above"),
     };
-    let got_scales = m.scales.as_ref().map(|s| s.bytes().len()).unwrap_or(0);
-    if m.data.bytes().len() != data || got_scales != scales {
+    let (got_data, got_scales) = m.row_bytes_len();
+    if got_data != data || got_scales != scales {
         return Err(CudaError::Shape {
             op: OP,
             detail: format!(
                 "[{}, {}] {} needs {data} data bytes and {scales} scale bytes, got {} and {got_scales}",
                 m.rows,
                 m.cols,
-                m.dtype,
-                m.data.bytes().len()
+                m.dtype, got_data
             ),
         });
     }
@@ -548,9 +548,10 @@ pub struct DeviceMatrix {
     cols: usize,
     /// How `data` is encoded: BF16, Q8_0 or MXFP4.
     dtype: DType,
-    /// The row-major weight bytes, as in [`Matrix::data`].
+    /// The row-major weight bytes, as [`Matrix::row_bytes`] gives them.
     data: CudaSlice<u8>,
-    /// Block scales as in [`Matrix::scales`] (f32 bytes for Q8_0, E8M0 for MXFP4).
+    /// Block scales as [`Matrix::row_bytes`] gives them (f32 bytes for Q8_0,
+    /// E8M0 for MXFP4).
     scales: Option<CudaSlice<u8>>,
     /// Rows per warp forced by [`DeviceMatrix::set_rows_per_warp`] (tuning);
     /// `None` picks [`default_rows_per_warp`].
@@ -571,12 +572,14 @@ impl std::fmt::Debug for DeviceMatrix {
 }
 
 impl DeviceMatrix {
-    /// Copies `m` (BF16, MXFP4 or Q8_0; `cols` a multiple of 32) to `device`.
+    /// Copies `m` (BF16, MXFP4 or Q8_0; `cols` a multiple of 32) to `device`,
+    /// in row layout (an int8 MXFP4 matrix's panels are unpacked for it).
     pub fn upload(device: &Arc<CudaDevice>, m: &Matrix) -> CudaResult<DeviceMatrix> {
         check_matrix(m)?;
-        let data = device.upload(m.data.bytes())?;
-        let scales = match &m.scales {
-            Some(s) if m.dtype != DType::BF16 => Some(device.upload(s.bytes())?),
+        let (bytes, scale_bytes) = m.row_bytes();
+        let data = device.upload(&bytes)?;
+        let scales = match scale_bytes {
+            Some(s) if m.dtype != DType::BF16 => Some(device.upload(&s)?),
             _ => None,
         };
         Ok(DeviceMatrix {

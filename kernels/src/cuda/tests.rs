@@ -75,29 +75,24 @@ fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Matrix {
 fn cpu_reference(m: &Matrix, x: &[f32]) -> Vec<f32> {
     let n = x.len() / m.cols;
     let mut out = vec![0.0; n * m.rows];
+    let (data, scales) = m.row_bytes();
+    let scales = scales.unwrap_or_default();
     match m.dtype {
-        DType::BF16 => crate::gemm::matmul_bf16(x, n, m.data.as_u16(), m.rows, m.cols, &mut out),
-        DType::Mxfp4 => crate::mxfp4::matmul_mxfp4(
-            x,
-            n,
-            m.data.bytes(),
-            m.scales.as_ref().expect("MXFP4 has scales").bytes(),
-            m.rows,
-            m.cols,
-            &mut out,
-        ),
+        DType::BF16 => {
+            let bits: Vec<u16> = data
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            crate::gemm::matmul_bf16(x, n, &bits, m.rows, m.cols, &mut out)
+        }
+        DType::Mxfp4 => crate::mxfp4::matmul_mxfp4(x, n, &data, &scales, m.rows, m.cols, &mut out),
         DType::Q8_0 => {
-            let q: Vec<i8> = m.data.bytes().iter().map(|&b| b as i8).collect();
-            crate::q8::matmul_q8_0(
-                x,
-                n,
-                &q,
-                m.scales.as_ref().expect("Q8_0 has scales").as_f32(),
-                m.rows,
-                m.cols,
-                &mut out,
-                Activations::F32,
-            )
+            let q: Vec<i8> = data.iter().map(|&b| b as i8).collect();
+            let d: Vec<f32> = scales
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            crate::q8::matmul_q8_0(x, n, &q, &d, m.rows, m.cols, &mut out, Activations::F32)
         }
         DType::F32 | DType::F16 => unreachable!("no GPU kernel for {}", m.dtype),
     }
@@ -125,12 +120,22 @@ fn check_dtype_against_cpu(dtype: DType, test: &str) {
     for (s, &(rows, cols)) in SHAPES.iter().enumerate() {
         let m = weight(dtype, rows, cols, 1000 + s as u64);
         let dm = DeviceMatrix::upload(&dev, &m).expect("upload");
+        // An int8 MXFP4 matrix holds panels; its upload unpacks them.
+        let from_panels = (dtype == DType::Mxfp4).then(|| {
+            let m8 = m.clone().with_activations(Activations::Int8);
+            DeviceMatrix::upload(&dev, &m8).expect("upload from panels")
+        });
         for &n in &BATCHES {
             let x = values(7 * n as u64 + s as u64, n * cols);
             let mut gpu = vec![f32::NAN; n * rows];
             dm.matmul(&x, &mut gpu).expect("gpu matmul");
             let cpu = cpu_reference(&m, &x);
             let what = format!("{dtype} [{rows}, {cols}] n={n}");
+            if let Some(dp) = &from_panels {
+                let mut got = vec![f32::NAN; n * rows];
+                dp.matmul(&x, &mut got).expect("gpu matmul");
+                assert_eq!(got, gpu, "{what}: uploaded from panels");
+            }
             let max = assert_close(&what, &gpu, &cpu);
             println!("{what}: max |gpu - cpu| = {max:e}");
         }
@@ -158,16 +163,18 @@ fn gpu_mxfp4_nan_scale_makes_only_its_row_nan() {
         return;
     };
     let (rows, cols, n) = (40, 256, 3);
-    let mut m = weight(DType::Mxfp4, rows, cols, 5);
+    let w = weight(DType::Mxfp4, rows, cols, 5);
     // Row 7, block 2 gets the E8M0 NaN scale.
-    let mut scales = m
-        .scales
-        .as_ref()
-        .expect("MXFP4 has scales")
-        .bytes()
-        .to_vec();
+    let (blocks, scales) = w.row_bytes();
+    let mut scales = scales.expect("MXFP4 has scales").into_owned();
     scales[7 * (cols / 32) + 2] = crate::mxfp4::E8M0_NAN;
-    m.scales = Some(Storage::from_bytes(&scales));
+    let m = Matrix::mxfp4(
+        rows,
+        cols,
+        Storage::from_bytes(&blocks),
+        Storage::from_bytes(&scales),
+    )
+    .expect("valid layout");
     let dm = DeviceMatrix::upload(&dev, &m).expect("upload");
     let x = values(9, n * cols);
     let mut gpu = vec![0.0; n * rows];
@@ -273,11 +280,9 @@ fn upload_check_rejects_cols_not_a_multiple_of_32_with_a_clear_message() {
     let bf16 = Matrix::from_bf16(3, 40, &[0; 120]);
     let err = check_matrix(&bf16).unwrap_err();
     assert!(err.to_string().contains("multiple of 32, got 40"), "{err}");
-    // A hand-altered MXFP4 matrix (its fields are public) with 48 columns.
+    // A hand-altered MXFP4 matrix (its shape is public) with 48 columns.
     let mut mx = Matrix::quantize_mxfp4(2, 64, &[0.0; 128]).expect("valid shape");
     mx.cols = 48;
-    mx.data = Storage::from_bytes(&[0; 48]);
-    mx.scales = Some(Storage::from_bytes(&[127; 3]));
     assert!(check_matrix(&mx)
         .unwrap_err()
         .to_string()
@@ -290,9 +295,14 @@ fn upload_check_rejects_unsupported_dtypes_and_inconsistent_buffers() {
     assert!(matches!(check_matrix(&f32m), Err(CudaError::DType { .. })));
     let mut q8 = weight(DType::Q8_0, 2, 64, 3);
     assert!(check_matrix(&q8).is_ok());
-    q8.scales = Some(Storage::from_f32(&[1.0; 3])); // needs 4 scales
+    q8.rows = 3; // its buffers hold 2 rows
     assert!(matches!(check_matrix(&q8), Err(CudaError::Shape { .. })));
     assert!(check_matrix(&weight(DType::Mxfp4, 3, 96, 4)).is_ok());
+    // An int8 MXFP4 matrix holds panels; the check and the upload unpack them.
+    let mut mx8 = weight(DType::Mxfp4, 3, 96, 4).with_activations(Activations::Int8);
+    assert!(mx8.panels().is_some() && check_matrix(&mx8).is_ok());
+    mx8.rows = 4;
+    assert!(matches!(check_matrix(&mx8), Err(CudaError::Shape { .. })));
     assert!(check_matrix(&weight(DType::BF16, 3, 96, 4)).is_ok());
 }
 

@@ -16,8 +16,10 @@
 //!   `vpdpbusd`, whose signed operand is four activation bytes broadcast to
 //!   every lane. The E8M0 scales of the 16 rows of a block follow as 16 bytes.
 //!   A last, partial panel is padded with zero codes and scale 2⁰.
-//!   The panels take exactly as many bytes as the row layout (4.25 bits per
-//!   weight, plus the padding of the last panel).
+//!   The panels take as many bytes as the row layout (4.25 bits per weight,
+//!   plus the padding of the last panel and a flag byte per panel) and
+//!   replace it: [`Panels::row_into`], [`Panels::dequantize_row`] and
+//!   [`Panels::unpack`] give the row layout back, exactly, where it is needed.
 //! - Activations are rounded to int8 per 32-element block once per call
 //!   (llama.cpp's Q8 scheme: `d = amax/127`, `q = round(x/d)`), kept in their
 //!   natural order, with `d/2` (the weights are doubled) and `−12·Σq` (which
@@ -140,18 +142,76 @@ impl Panels {
         let mut blocks = vec![0u8; self.rows * nb * BLOCK_BYTES];
         let mut scales = vec![0u8; self.rows * nb];
         for row in 0..self.rows {
-            let (p, r) = (row / PANEL_ROWS, row % PANEL_ROWS);
-            for b in 0..nb {
-                scales[row * nb + b] = self.scales[(p * nb + b) * PANEL_ROWS + r];
-                for e in 0..BLOCK_ELEMS {
-                    let (v, j, hi) = ((e % 16) / 4, e % 4, e >= 16);
-                    let byte = self.codes[(p * nb + b) * 4 + v].0[4 * r + j];
-                    let c = if hi { byte >> 4 } else { byte & 0xF };
-                    blocks[(row * nb + b) * BLOCK_BYTES + e / 2] |= c << (4 * (e & 1));
-                }
-            }
+            self.row_into(
+                row,
+                &mut blocks[row * nb * BLOCK_BYTES..(row + 1) * nb * BLOCK_BYTES],
+                &mut scales[row * nb..(row + 1) * nb],
+            );
         }
         (blocks, scales)
+    }
+
+    /// Row `row` in the row layout: its `cols/32` blocks of 16 code bytes
+    /// into `blocks` and its `cols/32` E8M0 scales into `scales`, exactly as
+    /// packed.
+    ///
+    /// # Panics
+    /// If `row ≥ rows` or the buffers are not `cols/2` and `cols/32` bytes.
+    pub fn row_into(&self, row: usize, blocks: &mut [u8], scales: &mut [u8]) {
+        let nb = self.nb;
+        assert!(
+            row < self.rows,
+            "Panels::row_into: row {row} of {}",
+            self.rows
+        );
+        assert_eq!(blocks.len(), nb * BLOCK_BYTES, "Panels::row_into: blocks");
+        assert_eq!(scales.len(), nb, "Panels::row_into: scales");
+        let (p, r) = (row / PANEL_ROWS, row % PANEL_ROWS);
+        for (b, (out, s)) in blocks
+            .chunks_exact_mut(BLOCK_BYTES)
+            .zip(scales.iter_mut())
+            .enumerate()
+        {
+            *s = self.scales[(p * nb + b) * PANEL_ROWS + r];
+            self.block_into(p, r, b, out.try_into().expect("chunks of BLOCK_BYTES"));
+        }
+    }
+
+    /// Row `row` decoded to f32, bit for bit what [`super::dequantize`]
+    /// gives for it from the row layout.
+    ///
+    /// # Panics
+    /// If `row ≥ rows` or `out` is not `cols` values.
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        let nb = self.nb;
+        assert!(
+            row < self.rows,
+            "Panels::dequantize_row: row {row} of {}",
+            self.rows
+        );
+        assert_eq!(out.len(), self.cols, "Panels::dequantize_row: out");
+        let (p, r) = (row / PANEL_ROWS, row % PANEL_ROWS);
+        let mut block = [0u8; BLOCK_BYTES];
+        for (b, o) in out.chunks_exact_mut(BLOCK_ELEMS).enumerate() {
+            self.block_into(p, r, b, &mut block);
+            let s = self.scales[(p * nb + b) * PANEL_ROWS + r];
+            super::decode_block(&block, s, o.try_into().expect("chunks of BLOCK_ELEMS"));
+        }
+    }
+
+    /// The 16 row-layout code bytes of block `b` of row `r` of panel `p`.
+    fn block_into(&self, p: usize, r: usize, b: usize, out: &mut [u8; BLOCK_BYTES]) {
+        let lines = &self.codes[(p * self.nb + b) * 4..(p * self.nb + b + 1) * 4];
+        out.fill(0);
+        for (v, line) in lines.iter().enumerate() {
+            for j in 0..4 {
+                let byte = line.0[4 * r + j];
+                // Element 4v + j (low nibble) and 16 + 4v + j (high nibble).
+                let (lo, hi) = (4 * v + j, 16 + 4 * v + j);
+                out[lo / 2] |= (byte & 0xF) << (4 * (lo & 1));
+                out[hi / 2] |= (byte >> 4) << (4 * (hi & 1));
+            }
+        }
     }
 
     /// Output features.

@@ -53,6 +53,47 @@ fn pack_then_unpack_is_the_identity_and_keeps_the_byte_count() {
     );
 }
 
+#[test]
+fn rows_read_from_panels_equal_the_row_layout_and_its_decoding_bit_for_bit() {
+    let mut rng = Rng::new(8);
+    for &(rows, cols) in &SHAPES {
+        let (blocks, mut scales) = random_packed(&mut rng, rows, cols);
+        // Every E8M0 class: NaN (255), the smallest (0), the top (254).
+        for (i, s) in scales.iter_mut().enumerate() {
+            *s = match i % 7 {
+                0 => E8M0_NAN,
+                3 => 0,
+                5 => 254,
+                _ => *s,
+            };
+        }
+        let p = Panels::pack(&blocks, &scales, rows, cols).expect("valid layout");
+        let want = dequantize(&blocks, &scales, rows, cols).expect("valid layout");
+        let nb = cols / BLOCK_ELEMS;
+        let (mut rb, mut rs, mut out) = (vec![0; nb * 16], vec![0; nb], vec![0.0; cols]);
+        for row in 0..rows {
+            p.row_into(row, &mut rb, &mut rs);
+            assert_eq!(
+                rb,
+                blocks[row * nb * 16..(row + 1) * nb * 16],
+                "[{rows}x{cols}] row {row}"
+            );
+            assert_eq!(
+                rs,
+                scales[row * nb..(row + 1) * nb],
+                "[{rows}x{cols}] row {row}"
+            );
+            p.dequantize_row(row, &mut out);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&out),
+                bits(&want[row * cols..(row + 1) * cols]),
+                "[{rows}x{cols}] row {row} decoded"
+            );
+        }
+    }
+}
+
 /// f64 product of `x` with the decoded weights, and the int8 error bound of
 /// every output: `Σ_b Σ|w|·d_b/2 · (1 + 2⁻²⁰)` plus f32 summation
 /// (`cols · 2⁻²³ · Σ|w·x|`), as stated on `matmul_mxfp4_q8`.

@@ -114,10 +114,8 @@ mod tests {
     }
 
     fn mx(m: &Matrix) -> (Vec<u8>, Vec<u8>) {
-        (
-            m.data.bytes().to_vec(),
-            m.scales.as_ref().expect("mxfp4").bytes().to_vec(),
-        )
+        let (blocks, scales) = m.row_bytes();
+        (blocks.into_owned(), scales.expect("mxfp4").into_owned())
     }
 
     #[test]
