@@ -15,6 +15,7 @@
 //! ```text
 //! cargo run --release --example context_growth -- [--tokens 262144] [--slice 16384]
 //!     [--decode-at 16384,65536,262144] [--decode-tokens 32] [--model DIR] [--csv FILE]
+//!     [--kv-cache-dtype bf16|f32]
 //! ```
 
 use std::path::PathBuf;
@@ -39,6 +40,7 @@ struct Args {
     decode_tokens: usize,
     model: Option<PathBuf>,
     csv: Option<PathBuf>,
+    kv: KvDtype,
 }
 
 fn parse_args() -> Result<Args> {
@@ -49,6 +51,7 @@ fn parse_args() -> Result<Args> {
         decode_tokens: 32,
         model: None,
         csv: None,
+        kv: KvDtype::Bf16,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -65,6 +68,13 @@ fn parse_args() -> Result<Args> {
             "--decode-tokens" => a.decode_tokens = value()?.parse()?,
             "--model" => a.model = Some(PathBuf::from(value()?)),
             "--csv" => a.csv = Some(PathBuf::from(value()?)),
+            "--kv-cache-dtype" => {
+                a.kv = match value()?.as_str() {
+                    "bf16" => KvDtype::Bf16,
+                    "f32" => KvDtype::F32,
+                    other => bail!("--kv-cache-dtype must be bf16 or f32, got {other}"),
+                }
+            }
             other => bail!("unknown flag {other}"),
         }
     }
@@ -148,7 +158,7 @@ fn main() -> Result<()> {
         );
     }
     let page_size = 16;
-    let row_bytes = info.kv_width * info.kv_layers * KvDtype::Bf16.bytes();
+    let row_bytes = info.kv_width * info.kv_layers * a.kv.bytes();
     let kv_budget =
         (a.tokens + a.decode_tokens * a.decode_at.len() + 4 * page_size) * row_bytes * 2;
     let cfg = EngineConfig {
@@ -156,7 +166,7 @@ fn main() -> Result<()> {
             max_batch_tokens: 2048,
             chunked_prefill_size: 2048,
             page_size,
-            kv_cache_dtype: KvDtype::Bf16,
+            kv_cache_dtype: a.kv,
             ..Default::default()
         },
         kv_cache_memory: kv_budget.max(1 << 20),
@@ -168,11 +178,12 @@ fn main() -> Result<()> {
         .map(|_| lo + (rng.next_u64() % (info.vocab_size as u64 - lo as u64)) as u32)
         .collect();
     println!(
-        "model {} | {} KV layers x {} values per token = {} B/token (bf16) | slice {} | chunk {}",
+        "model {} | {} KV layers x {} values per token = {} B/token ({:?}) | slice {} | chunk {}",
         dir.display(),
         info.kv_layers,
         info.kv_width,
         row_bytes,
+        a.kv,
         a.slice,
         cfg.scheduler.chunked_prefill_size
     );
