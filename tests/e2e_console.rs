@@ -24,10 +24,10 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Whether `cmd --version` runs.
-fn runs(cmd: &Path) -> bool {
+/// Whether `cmd <version flag>` runs.
+fn runs(cmd: &str, flag: &str) -> bool {
     Command::new(cmd)
-        .arg("--version")
+        .arg(flag)
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false)
@@ -51,8 +51,8 @@ fn tools() -> Result<(PathBuf, PathBuf), String> {
             playwright.display()
         ));
     }
-    for tool in ["node", "ffmpeg"] {
-        if !runs(Path::new(tool)) && !runs(&PathBuf::from(format!("/usr/bin/{tool}"))) {
+    for (tool, flag) in [("node", "--version"), ("ffmpeg", "-version")] {
+        if !runs(tool, flag) {
             return Err(format!("`{tool}` is not on PATH"));
         }
     }

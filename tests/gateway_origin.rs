@@ -233,7 +233,10 @@ async fn the_api_key_may_come_as_a_subprotocol_on_both_socket_routes() {
         None,
     )
     .await;
-    assert_eq!((status, &body["error"]["code"]), (401, &json!("invalid_api_key")));
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (401, &json!("invalid_api_key"))
+    );
     s.shutdown().await.unwrap();
 }
 

@@ -104,8 +104,6 @@ async fn not_found(method: Method, uri: axum::http::Uri) -> Response {
     .into_response()
 }
 
-/// A JSON response.
-
 /// A 200 JSON response.
 pub fn ok_json(body: &Value) -> Response {
     json_response(StatusCode::OK, body)
@@ -249,7 +247,10 @@ pub fn check_model(state: &AppState, model: Option<&str>) -> ApiResult<String> {
 pub fn wants_upgrade(headers: &HeaderMap) -> bool {
     headers.get_all(header::UPGRADE).iter().any(|v| {
         v.to_str()
-            .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("websocket")))
+            .map(|s| {
+                s.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("websocket"))
+            })
             .unwrap_or(false)
     })
 }

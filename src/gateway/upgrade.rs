@@ -81,7 +81,9 @@ fn split_origin(origin: &str) -> Option<(String, String)> {
     let (scheme, authority) = origin.split_once("://")?;
     let valid = |c: char| c.is_ascii_alphanumeric() || "-._~:[]".contains(c);
     if scheme.is_empty()
-        || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        || !scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
         || authority.is_empty()
         || !authority.chars().all(valid)
     {

@@ -41,7 +41,10 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
 /// The console's routes: `/` and its assets.
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
-        .route("/", get(|| async { asset(INDEX_HTML, "text/html; charset=utf-8") }))
+        .route(
+            "/",
+            get(|| async { asset(INDEX_HTML, "text/html; charset=utf-8") }),
+        )
         .route(
             "/console/console.js",
             get(|| async { asset(CONSOLE_JS, "text/javascript; charset=utf-8") }),
@@ -72,7 +75,10 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     resp
 }
 
