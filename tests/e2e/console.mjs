@@ -129,8 +129,9 @@ try {
   await page.click('#start');
   await page.waitForSelector('#log tr >> text=end of file');
   const fileFrames = appends();
-  // 3 s of media at 4 fps: 12 frames, one either way for where play starts and stops.
-  assert.ok(fileFrames.length >= 10 && fileFrames.length <= 14, `file frames sent: ${fileFrames.length}`);
+  // 3 s of media at 4 fps: 12 frames, give or take one for where play starts
+  // and stops; a loaded machine may skip a few ticks (never more than 12 + 1).
+  assert.ok(fileFrames.length >= 9 && fileFrames.length <= 13, `file frames sent: ${fileFrames.length}`);
   const times = fileFrames.map((e) => e.timestamp_ms);
   for (let i = 1; i < times.length; i += 1) assert.ok(times[i] > times[i - 1], `timestamps increase: ${times}`);
   assert.ok(times[times.length - 1] >= 2000, `the file's media time reaches its end: ${times}`);
