@@ -182,6 +182,9 @@ pub fn run(a: ServeArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
         shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
         ..GatewayConfig::default()
     };
+    if let Some(n) = gateway::raise_fd_limit() {
+        tracing::info!("open-files limit: {n}");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("caracal-gateway")

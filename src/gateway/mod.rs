@@ -242,6 +242,41 @@ impl Gateway {
     }
 }
 
+/// Raises this process's soft limit on open files to its hard limit (as
+/// nginx's `worker_rlimit_nofile` or Go's runtime do at startup): every
+/// connection, idle or not, holds a descriptor, and the usual soft default
+/// of 1024 would refuse connections long before `--max-sessions` or memory
+/// run out. Returns the soft limit in force afterwards (`None` where the
+/// platform has no such limit or the call failed).
+pub fn raise_fd_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `lim` is a valid, writable rlimit for the duration of the call.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+            return None;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            // SAFETY: `raised` is a valid rlimit; the kernel only reads it.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+                lim = raised;
+            }
+        }
+        Some(lim.rlim_cur)
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
 /// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     let ctrl_c = async {
