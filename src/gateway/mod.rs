@@ -24,11 +24,15 @@
 //! - [`realtime`]: `/v1/realtime`, the text subset of the Realtime protocol.
 //! - [`http`]: routing, auth, `/health`, `/v1/models`, `/metrics`, SSE helpers.
 //! - [`console`]: the web console at `/` (static files built into the binary).
+//! - [`conn`]: the accept loop and the request-head timeout.
+//! - [`decode_queue`]: the bounded line of videos waiting to be decoded.
 //! - [`metrics`], [`shutdown`], [`error`], [`fields`], [`upgrade`].
 
 pub mod chat;
 pub mod completions;
+pub mod conn;
 pub mod console;
+pub mod decode_queue;
 pub mod engine;
 pub mod error;
 pub mod fields;
@@ -44,7 +48,7 @@ pub mod responses;
 pub mod shutdown;
 pub mod upgrade;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,6 +92,10 @@ pub struct GatewayConfig {
     pub ws_idle_timeout: Duration,
     /// Time open work gets to finish after SIGINT/SIGTERM (`--shutdown-timeout`, default 30 s).
     pub shutdown_timeout: Duration,
+    /// An HTTP connection waiting this long for a complete request head
+    /// (fresh, or idle between requests) is closed (`--timeout-keep-alive`,
+    /// default 5 s; `None`: never). WebSocket sessions are not affected.
+    pub head_timeout: Option<Duration>,
 }
 
 impl Default for GatewayConfig {
@@ -106,6 +114,7 @@ impl Default for GatewayConfig {
             ws_max_lanes: 32,
             ws_idle_timeout: Duration::from_secs(3600),
             shutdown_timeout: Duration::from_secs(30),
+            head_timeout: Some(Duration::from_secs(5)),
         }
     }
 }
@@ -204,13 +213,12 @@ impl Gateway {
     ) -> std::io::Result<()> {
         let app = http::router(self.state.clone());
         let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
-        let mut server = tokio::spawn(
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = drain_rx.await;
-                })
-                .into_future(),
-        );
+        let limits = conn::ConnLimits {
+            head_timeout: self.state.config.head_timeout,
+        };
+        let mut server = tokio::spawn(conn::serve(listener, app, limits, async move {
+            let _ = drain_rx.await;
+        }));
         tokio::select! {
             _ = trigger => {}
             r = &mut server => {
