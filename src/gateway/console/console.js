@@ -349,13 +349,13 @@ function onEvent(ev) {
     case 'input_video_buffer.chunk_added':
       stats.chunks += 1;
       stats.tokens += ev.tokens;
-      stats.latency = ev.latency_ms;
-      log('chunk', `#${ev.chunk_index} · frame ${ev.frame_index} · ${ev.frames} frames · ${ev.timestamp} · ${ev.tokens} tokens · ${ev.latency_ms} ms`, 'chunk');
+      stats.latency = Math.round(ev.latency_ms);
+      log('chunk', `#${ev.chunk_index} · frame ${ev.frame_index} · ${ev.frames} frames · ${ev.timestamp} · ${ev.tokens} tokens · ${stats.latency} ms`, 'chunk');
       showStats();
       break;
     case 'input_video_buffer.frames_dropped':
       stats.dropped += ev.count;
-      log('dropped', `${ev.count} frames ${ev.first_ms}–${ev.last_ms} ms (${ev.reason})`, 'drop');
+      log('dropped', `${ev.count} frames ${Math.round(ev.first_ms)}–${Math.round(ev.last_ms)} ms (${ev.reason})`, 'drop');
       showStats();
       break;
     case 'input_video_buffer.window_evicted':
