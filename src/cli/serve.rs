@@ -12,6 +12,7 @@ use caracal::constrain::{ConstraintFactory, TokenEnv};
 use caracal::gateway::engine::ConstraintSetup;
 use caracal::gateway::media::MediaServices;
 use caracal::gateway::params::SamplingDefaults;
+use caracal::gateway::upgrade::OriginPolicy;
 use caracal::gateway::{self, EngineHost, Gateway, GatewayConfig, ServedModel};
 use caracal::models::CausalLm;
 use clap::Args;
@@ -33,9 +34,16 @@ pub struct ServeArgs {
     /// Model name clients use (default: the checkpoint folder's name).
     #[arg(long)]
     served_model_name: Option<String>,
-    /// Require `Authorization: Bearer KEY` on every route but /health.
+    /// Require `Authorization: Bearer KEY` on every route but /health and the
+    /// console (browsers may send it as the WebSocket subprotocol
+    /// `openai-insecure-api-key.KEY`).
     #[arg(long)]
     api_key: Option<String>,
+    /// Browser origins besides the server's own that may open a WebSocket:
+    /// a comma list (`https://app.example.com,http://localhost:3000`) or `*`
+    /// for any; others get 403 origin_not_allowed.
+    #[arg(long, default_value = "", value_parser = OriginPolicy::parse)]
+    allowed_origins: OriginPolicy,
     /// WebSocket sessions open at once; further upgrades get 429 websocket_connection_limit_reached.
     #[arg(long, default_value_t = 256)]
     max_sessions: usize,
@@ -171,6 +179,7 @@ pub fn run(a: ServeArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
     let config = GatewayConfig {
         sampling_defaults,
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        allowed_origins: a.allowed_origins.clone(),
         max_sessions: a.max_sessions.max(1),
         max_body_bytes: a.max_body_bytes,
         max_message_bytes: a.max_message_bytes,
@@ -202,8 +211,13 @@ pub fn run(a: ServeArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
             .with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr()?;
         eprintln!(
-            "caracal serve: model `{name}` at http://{local}/v1 (WebSocket ws://{local}/v1/responses, ws://{local}/v1/realtime); Ctrl-C stops"
+            "caracal serve: model `{name}` at http://{local}/v1 (WebSocket ws://{local}/v1/responses, ws://{local}/v1/realtime; console http://{local}/); Ctrl-C stops"
         );
+        if a.allowed_origins.allows_any() {
+            eprintln!(
+                "warning: --allowed-origins '*': a page on any site the browser opens may use this server's WebSockets"
+            );
+        }
         Gateway::with_media(served, engine, config, media)
             .serve(listener, gateway::shutdown_signal())
             .await

@@ -1,6 +1,12 @@
 //! Routing, authentication and the small endpoints: `GET /health`,
 //! `GET /v1/models`, `GET /metrics`; plus the JSON and SSE response helpers
 //! the protocol handlers share.
+//!
+//! The auth layer runs before every route: a WebSocket upgrade's `Origin`
+//! is checked first ([`super::upgrade::OriginPolicy`]), then, with
+//! `--api-key`, the key: `Authorization: Bearer KEY`, or on an upgrade the
+//! subprotocol `openai-insecure-api-key.KEY`. `/health` and the console's
+//! static files need no key (the console asks for it and sends it itself).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -17,7 +23,8 @@ use tokio::sync::mpsc;
 
 use super::error::{json_response, ApiError, ApiResult};
 use super::fields::parse_body;
-use super::{chat, completions, realtime, responses, AppState};
+use super::upgrade::subprotocol_key;
+use super::{chat, completions, console, realtime, responses, AppState};
 
 /// Frames buffered per SSE response before its producer waits.
 pub const SSE_BUFFER: usize = 16;
@@ -41,6 +48,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/responses/{id}/cancel", post(responses::http::cancel))
         .route("/v1/realtime", get(realtime::upgrade))
+        .merge(console::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .with_state(state)
@@ -55,16 +63,30 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// Checks `Authorization: Bearer <key>` when `--api-key` is set (`/health` is open).
+/// Checks a WebSocket upgrade's `Origin`, then the key when `--api-key` is
+/// set: `Authorization: Bearer <key>`, or on an upgrade the key subprotocol
+/// (`/health` and the console are open).
 async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let upgrade = wants_upgrade(req.headers());
+    if upgrade {
+        let authority = req.uri().authority().map(|a| a.as_str());
+        if let Err(e) = state.config.allowed_origins.check(req.headers(), authority) {
+            return e.into_response();
+        }
+    }
     if let Some(key) = state.config.api_key.as_deref() {
-        if req.uri().path() != "/health" {
-            let given = req
-                .headers()
+        let path = req.uri().path();
+        if path != "/health" && !console::is_public(path) {
+            let h = req.headers();
+            let bearer = h
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .unwrap_or("");
+                .and_then(|v| v.strip_prefix("Bearer "));
+            let given = match bearer {
+                Some(b) => b,
+                None if upgrade => subprotocol_key(h).unwrap_or(""),
+                None => "",
+            };
             if !ct_eq(given.trim().as_bytes(), key.as_bytes()) {
                 return ApiError::unauthorized().into_response();
             }
@@ -81,8 +103,6 @@ async fn not_found(method: Method, uri: axum::http::Uri) -> Response {
     )
     .into_response()
 }
-
-/// A JSON response.
 
 /// A 200 JSON response.
 pub fn ok_json(body: &Value) -> Response {
@@ -240,12 +260,17 @@ pub fn check_model(state: &AppState, model: Option<&str>) -> ApiResult<String> {
     }
 }
 
-/// Whether headers ask for a WebSocket upgrade.
+/// Whether headers ask for a WebSocket upgrade (`websocket` among the
+/// `Upgrade` tokens, as the handshake check reads them).
 pub fn wants_upgrade(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+    headers.get_all(header::UPGRADE).iter().any(|v| {
+        v.to_str()
+            .map(|s| {
+                s.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("websocket"))
+            })
+            .unwrap_or(false)
+    })
 }
 
 /// `GET /v1/responses`: the WebSocket mode with an upgrade, else 426.

@@ -23,6 +23,7 @@
 //! - [`responses`]: `/v1/responses` over HTTP (JSON, SSE) and its WebSocket mode.
 //! - [`realtime`]: `/v1/realtime`, the text subset of the Realtime protocol.
 //! - [`http`]: routing, auth, `/health`, `/v1/models`, `/metrics`, SSE helpers.
+//! - [`console`]: the web console at `/` (static files built into the binary).
 //! - [`conn`]: the accept loop and the request-head timeout.
 //! - [`decode_queue`]: the bounded line of videos waiting to be decoded.
 //! - [`metrics`], [`shutdown`], [`error`], [`fields`], [`upgrade`].
@@ -30,6 +31,7 @@
 pub mod chat;
 pub mod completions;
 pub mod conn;
+pub mod console;
 pub mod decode_queue;
 pub mod engine;
 pub mod error;
@@ -62,8 +64,11 @@ use shutdown::{Phase, ShutdownController, ShutdownSignal};
 /// Limits and switches of the gateway (`caracal serve` flags).
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
-    /// Bearer key required on every route but `/health` (`--api-key`).
+    /// Bearer key required on every route but `/health` and the console (`--api-key`).
     pub api_key: Option<String>,
+    /// Browser origins besides the server's own that may open a WebSocket
+    /// (`--allowed-origins`).
+    pub allowed_origins: upgrade::OriginPolicy,
     /// WebSocket sessions open at once (`--max-sessions`, default 256).
     pub max_sessions: usize,
     /// Largest HTTP body in bytes (`--max-body-bytes`, default 16 MiB).
@@ -97,6 +102,7 @@ impl Default for GatewayConfig {
     fn default() -> Self {
         GatewayConfig {
             api_key: None,
+            allowed_origins: upgrade::OriginPolicy::default(),
             max_sessions: 256,
             max_body_bytes: 16 << 20,
             max_message_bytes: 16 << 20,
