@@ -330,6 +330,20 @@ pub struct SessionClosed {
     pub session: String,
 }
 
+/// Scheduler command: a session superseded a cached path (a live video
+/// window moved on); every cached path extending `prefix` that no running
+/// request holds is removed now, so its pages are free at once rather than
+/// at the next LRU eviction.
+#[derive(Debug)]
+pub struct DropPath {
+    /// Unpin this session first (its pin lies on the path being dropped).
+    pub session: Option<String>,
+    /// Radix key of the path's first superseded page (and what precedes it).
+    pub prefix: Vec<u64>,
+    /// Gets the number of pages freed.
+    pub reply: Option<tokio::sync::oneshot::Sender<usize>>,
+}
+
 /// Everything the scheduler's bounded command queue carries.
 #[derive(Debug)]
 pub enum SchedulerCommand {
@@ -339,6 +353,8 @@ pub enum SchedulerCommand {
     Cancel(CancelRequest),
     /// [`SessionClosed`].
     SessionClosed(SessionClosed),
+    /// [`DropPath`].
+    DropPath(DropPath),
 }
 
 /// Scheduler counters.

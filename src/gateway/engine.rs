@@ -146,6 +146,16 @@ impl EngineHost {
         let _ = self.engine.close_session(session).await;
     }
 
+    /// Releases the cached paths extending `prefix` that no request holds
+    /// (unpinning `session` first when given): a live video window moved on.
+    /// Returns the pages freed (0 when the engine has stopped).
+    pub async fn drop_path(&self, session: Option<&str>, prefix: Vec<u64>) -> usize {
+        self.engine
+            .drop_path(session.map(String::from), prefix)
+            .await
+            .unwrap_or(0)
+    }
+
     /// Current counters.
     pub async fn snapshot(&self) -> EngineSnapshot {
         let expert_counts = match &self.engine.shards {
