@@ -246,17 +246,20 @@ impl Engine {
             .await
     }
 
-    /// Releases the cached paths extending `prefix` that no request holds
-    /// (unpinning `session` first when given); returns the pages freed.
+    /// Releases the cached paths that agree with `path` through the page
+    /// holding token `from` and that no request holds (unpinning `session`
+    /// first when given); returns the pages freed.
     pub async fn drop_path(
         &self,
         session: Option<String>,
-        prefix: Vec<u64>,
+        path: Vec<u64>,
+        from: usize,
     ) -> Result<usize, SubmitError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.command(SchedulerCommand::DropPath(DropPath {
             session,
-            prefix,
+            path,
+            from,
             reply: Some(tx),
         }))
         .await?;

@@ -319,13 +319,18 @@ impl SessionMemory {
     }
 
     /// Releases a path its session has superseded ([`crate::messages::DropPath`]):
-    /// unpins `session` first when given, then removes every cached path that extends
-    /// `prefix` and no running sequence holds. Returns the pages freed.
-    pub fn drop_path(&mut self, session: Option<&str>, prefix: &[u64]) -> usize {
+    /// unpins `session` first when given, then removes every cached path that agrees
+    /// with `path` through the page holding token `from` (the first superseded one) and
+    /// that no running sequence holds. Returns the pages freed.
+    pub fn drop_path(&mut self, session: Option<&str>, path: &[u64], from: usize) -> usize {
         if let Some(s) = session {
             self.unpin(s);
         }
-        let ev = self.radix.evict_prefix(prefix);
+        let end = (from / self.page_size() + 1) * self.page_size();
+        if end > path.len() {
+            return 0; // the page holding `from` was never cached whole
+        }
+        let ev = self.radix.evict_prefix(&path[..end]);
         let before = self.pages.free_count();
         self.pages.release(&ev.pages);
         self.drop_snapshots(&ev.snapshots);
@@ -555,13 +560,15 @@ mod tests {
         let new: Vec<u64> = (0..4).chain(100..108).collect();
         commit(&mut m, new.clone());
         assert_eq!(m.stats().cached_pages, 5, "old path unpinned but still cached");
-        let freed = m.drop_path(None, &key(8));
+        // Superseded from token 5 on: the page holding it (4..8) and what follows.
+        let freed = m.drop_path(None, &key(12), 5);
         assert_eq!(freed, 2, "the old path's two pages after the shared one");
         assert_eq!(m.stats().cached_pages, 3);
         assert_eq!(m.stats().pinned_sessions, 1, "the new path stays pinned");
+        assert_eq!(m.drop_path(None, &key(6), 5), 0, "page 4..8 not whole in the path");
         // Dropping the pinned path needs the session unpinned first.
-        assert_eq!(m.drop_path(None, &new), 0, "pinned: nothing freed");
-        assert_eq!(m.drop_path(Some("s"), &new[..8]), 2);
+        assert_eq!(m.drop_path(None, &new, 4), 0, "pinned: nothing freed");
+        assert_eq!(m.drop_path(Some("s"), &new, 4), 2);
         assert_eq!(m.stats().pinned_sessions, 0);
         m.check_quiescent().unwrap();
     }

@@ -402,7 +402,7 @@ impl SchedulerState {
             }
             SchedulerCommand::SessionClosed(s) => self.close_session(&s.session),
             SchedulerCommand::DropPath(d) => {
-                let freed = self.memory.drop_path(d.session.as_deref(), &d.prefix);
+                let freed = self.memory.drop_path(d.session.as_deref(), &d.path, d.from);
                 if let Some(reply) = d.reply {
                     let _ = reply.send(freed);
                 }
