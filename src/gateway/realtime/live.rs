@@ -1084,7 +1084,7 @@ mod tests {
         let ticks: Vec<bool> = (0..8)
             .map(|i| {
                 let start = f64::from(i) * 2.0;
-                cadence_tick(&mut next, 5.0, 0.0_f64.max(start * 0.0), start + 1.5)
+                cadence_tick(&mut next, 5.0, 0.0, start + 1.5)
             })
             .collect();
         // Chunk ends 1.5, 3.5, 5.5, 7.5, 9.5, 11.5, 13.5, 15.5; ticks at 5, 10, 15.
