@@ -50,7 +50,7 @@ fn clip(dir: &Path, name: &str, seconds: u32, rate: u32, size: &str, format: &st
     let out = dir.join(name);
     let src = format!("testsrc=duration={seconds}:size={size}:rate={rate}");
     let codec: &[&str] = match format {
-        "webm" => &["-c:v", "libvpx", "-b:v", "200k"],
+        "webm" => &["-c:v", "libvpx", "-b:v", "200k", "-g", "10"],
         _ => &["-c:v", "libx264", "-pix_fmt", "yuv420p", "-bf", "0", "-g", "10"],
     };
     let mut args = vec!["-f", "lavfi", "-i", &src];
@@ -404,29 +404,48 @@ async fn bursts_drop_frames_and_bad_bytes_get_errors_while_the_session_goes_on()
         .sum();
     assert_eq!(added + lost, 40, "every frame taken is added or reported dropped");
 
-    // A PNG while the format says JPEG; then bytes that are no video at all.
+    // A PNG where the format says JPEG.
+    s.send(json!({"type": "session.update", "session": {"video": {"format": "jpeg"}}})).await;
+    s.until("session.updated").await;
+    let png = {
+        let path = dir.join("one.png").to_string_lossy().into_owned();
+        ffmpeg(&["-f", "lavfi", "-i", "testsrc=size=160x120", "-frames:v", "1", &path]);
+        std::fs::read(&path).unwrap()
+    };
+    s.append(&png, Some(0)).await;
+    let e = s.until("error").await;
+    assert_eq!(e["error"]["code"], "video_format_mismatch", "{e}");
+    // Bytes that are no video at all: the demuxer waits for more until the commit.
     s.send(json!({"type": "session.update", "session": {"video": {"format": "webm"}}})).await;
     s.until("session.updated").await;
     s.append(b"definitely not a video", None).await;
+    s.send(json!({"type": "input_video_buffer.commit"})).await;
     let e = s.until("error").await;
     assert!(e["error"]["code"].as_str().unwrap().starts_with("video_"), "{e}");
-    s.send(json!({"type": "input_video_buffer.clear"})).await;
-    s.until("input_video_buffer.cleared").await;
+    s.until("input_video_buffer.committed").await;
 
-    // WebM with its middle overwritten by garbage: an error, the session goes on.
+    // A WebM whose second VP8 keyframe (1 s in) claims 16383×16383 pixels: hostile
+    // bytes mid-stream get an error (before any frame buffer is allocated), the
+    // frames before them stay, the session goes on.
     let mut bad = webm.clone();
-    let mid = bad.len() / 3;
-    for b in &mut bad[mid..mid + 2000] {
-        *b = 0xA5;
-    }
+    let keyframes: Vec<usize> = bad
+        .windows(3)
+        .enumerate()
+        .filter(|(_, w)| *w == [0x9D, 0x01, 0x2A])
+        .map(|(i, _)| i)
+        .collect();
+    assert!(keyframes.len() >= 2, "a keyframe every second");
+    bad[keyframes[1] + 3..keyframes[1] + 7].copy_from_slice(&[0xFF, 0x3F, 0xFF, 0x3F]);
     for piece in bad.chunks(2048) {
         s.binary(piece).await;
     }
     s.send(json!({"type": "input_video_buffer.commit"})).await;
     let e = s.until("error").await;
-    assert!(e["error"]["code"].as_str().unwrap().starts_with("video_"), "{e}");
+    assert_eq!(e["error"]["code"], "video_frame_too_large", "{e}");
     s.until("input_video_buffer.committed").await;
     // A good WebM stream on the same session, and a question.
+    s.send(json!({"type": "session.update", "session": {"video": {"format": "auto"}}})).await;
+    s.until("session.updated").await;
     s.send(json!({"type": "input_video_buffer.clear"})).await;
     s.until("input_video_buffer.cleared").await;
     let before = s.of("input_video_buffer.chunk_added").len();

@@ -727,16 +727,18 @@ impl Live {
                 self.form_chunk(events);
             }
         }
+        let failed = error.is_some();
         if let Some(e) = error {
             events.push(error_event(&e));
+        }
+        if failed || finished {
             self.close_stream();
             self.form_chunk(events);
-        } else if finished {
-            self.close_stream();
-            self.form_chunk(events);
-            self.commits.push_back(self.next_seq);
         } else {
             self.source = source;
+        }
+        if finished {
+            self.commits.push_back(self.next_seq);
         }
     }
 
@@ -765,6 +767,8 @@ impl Live {
             }
         }
         self.pending.push_back(RawChunk { meta, frames });
+        // A free tower takes it at once, before later chunks can push it out.
+        self.start_encode();
     }
 
     /// Sends the oldest pending chunk to the tower when it is free.
@@ -973,14 +977,15 @@ async fn prefill(state: &AppState, valid: ValidRequest) -> ApiResult<CacheReport
 type Decoded = (RgbImage, f64, Instant);
 
 /// The decode job (blocking): feeds `batch` to `source`; returns the source (unless
-/// the stream ended or failed), the frames taken, the error and whether a commit ended
-/// the stream.
+/// the stream ended or failed), the frames taken, the error and whether the batch
+/// ends with a commit (which ends the stream, failed or not).
 fn decode(
     mut source: Source,
     batch: Vec<Op>,
     format: VideoFormat,
     options: &VideoOptions,
 ) -> (Option<Source>, Vec<Decoded>, Option<MediaError>, bool) {
+    let commit = matches!(batch.last(), Some(Op::Commit));
     let mut frames = Vec::new();
     for op in batch {
         let step = match op {
@@ -1001,7 +1006,7 @@ fn decode(
             }
         };
         if let Err(e) = step {
-            return (None, frames, Some(e), false);
+            return (None, frames, Some(e), commit);
         }
     }
     (Some(source), frames, None, false)
