@@ -51,7 +51,9 @@ fn clip(dir: &Path, name: &str, seconds: u32, rate: u32, size: &str, format: &st
     let src = format!("testsrc=duration={seconds}:size={size}:rate={rate}");
     let codec: &[&str] = match format {
         "webm" => &["-c:v", "libvpx", "-b:v", "200k", "-g", "10"],
-        _ => &["-c:v", "libx264", "-pix_fmt", "yuv420p", "-bf", "0", "-g", "10"],
+        _ => &[
+            "-c:v", "libx264", "-pix_fmt", "yuv420p", "-bf", "0", "-g", "10",
+        ],
     };
     let mut args = vec!["-f", "lavfi", "-i", &src];
     args.extend_from_slice(codec);
@@ -68,7 +70,17 @@ fn stills(dir: &Path, tag: &str, count: u32, size: &str) -> Vec<Vec<u8>> {
     let src = format!("testsrc=size={size}:rate=2");
     let n = count.to_string();
     let path = pattern.to_string_lossy().into_owned();
-    ffmpeg(&["-f", "lavfi", "-i", &src, "-frames:v", &n, "-q:v", "4", &path]);
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        &src,
+        "-frames:v",
+        &n,
+        "-q:v",
+        "4",
+        &path,
+    ]);
     (1..=count)
         .map(|i| std::fs::read(dir.join(format!("{tag}_{i:04}.jpg"))).expect("a still"))
         .collect()
@@ -96,10 +108,17 @@ impl Session {
         assert_eq!(created["type"], "session.created");
         assert_eq!(created["session"]["video"]["fps"], 2.0, "{created}");
         assert_eq!(ws.next().await.unwrap()["type"], "conversation.created");
-        let mut s = Session { ws, seen: Vec::new() };
-        s.send(json!({"type": "session.update", "session": {"video": video}})).await;
+        let mut s = Session {
+            ws,
+            seen: Vec::new(),
+        };
+        s.send(json!({"type": "session.update", "session": {"video": video}}))
+            .await;
         let updated = s.until("session.updated").await;
-        assert_eq!(updated["session"]["video"]["window_seconds"].is_number(), true);
+        assert_eq!(
+            updated["session"]["video"]["window_seconds"].is_number(),
+            true
+        );
         s
     }
 
@@ -141,14 +160,20 @@ impl Session {
 
     /// The events of `kind` seen so far.
     fn of(&self, kind: &str) -> Vec<Value> {
-        self.seen.iter().filter(|e| e["type"] == kind).cloned().collect()
+        self.seen
+            .iter()
+            .filter(|e| e["type"] == kind)
+            .cloned()
+            .collect()
     }
 
     /// Asks a question; returns `(cache_report, response.done)`.
     async fn ask(&mut self, text: &str) -> (Value, Value) {
-        self.send(json!({"type": "conversation.item.create", "item": {"type": "message",
-            "role": "user", "content": [{"type": "input_text", "text": text}]}}))
-            .await;
+        self.send(
+            json!({"type": "conversation.item.create", "item": {"type": "message",
+            "role": "user", "content": [{"type": "input_text", "text": text}]}}),
+        )
+        .await;
         self.until("conversation.item.done").await;
         self.send(json!({"type": "response.create", "response": {"max_output_tokens": 2}}))
             .await;
@@ -192,7 +217,8 @@ async fn mpegts_stream_is_chunked_like_the_file_path_and_answers_over_it() {
         s.append(piece, None).await;
     }
     // fps cannot change while the stream is open.
-    s.send(json!({"type": "session.update", "session": {"video": {"fps": 4}}})).await;
+    s.send(json!({"type": "session.update", "session": {"video": {"fps": 4}}}))
+        .await;
     let refused = s.until("error").await;
     assert_eq!(refused["error"]["code"], "video_stream_active", "{refused}");
     s.send(json!({"type": "input_video_buffer.commit"})).await;
@@ -222,7 +248,9 @@ async fn mpegts_stream_is_chunked_like_the_file_path_and_answers_over_it() {
         ],
         "frames taken = 3 s × 2 fps, chunked by 4, timestamps increasing"
     );
-    assert!(chunks.iter().all(|c| c["latency_ms"].as_f64().unwrap() >= 0.0));
+    assert!(chunks
+        .iter()
+        .all(|c| c["latency_ms"].as_f64().unwrap() >= 0.0));
     assert!(s.of("input_video_buffer.frames_dropped").is_empty());
 
     // The file path takes the same frames: its chunks are encoder cache hits.
@@ -246,20 +274,31 @@ async fn mpegts_stream_is_chunked_like_the_file_path_and_answers_over_it() {
     // A question over the stream: the chunks are in its prompt and in the cache.
     let (report, done) = s.ask("What happens in the video?").await;
     let usage = &done["response"]["usage"];
-    assert_eq!(usage["input_token_details"]["image_tokens"], 2 * per_chunk, "{done}");
+    assert_eq!(
+        usage["input_token_details"]["image_tokens"],
+        2 * per_chunk,
+        "{done}"
+    );
     let media = report["media"].as_array().unwrap();
     assert_eq!(media.len(), 2);
     assert_eq!(media[0]["cached"], true, "{report}");
     // Whole pages (16 tokens) of the stream path are cached: only its tail page and
     // the question are prefilled.
     let path = chunks[1]["context_tokens"].as_u64().unwrap();
-    assert_eq!(report["cached_tokens"].as_u64().unwrap(), path / 16 * 16, "{report}");
+    assert_eq!(
+        report["cached_tokens"].as_u64().unwrap(),
+        path / 16 * 16,
+        "{report}"
+    );
 
     // clear: the context is empty again; a new stream's times continue.
     s.send(json!({"type": "input_video_buffer.clear"})).await;
     s.until("input_video_buffer.cleared").await;
     let (_, done) = s.ask("And now?").await;
-    assert_eq!(done["response"]["usage"]["input_token_details"]["image_tokens"], 0);
+    assert_eq!(
+        done["response"]["usage"]["input_token_details"]["image_tokens"],
+        0
+    );
     for piece in ts.chunks(8192) {
         s.binary(piece).await;
     }
@@ -302,7 +341,10 @@ async fn questions_and_cadence_over_a_prefilled_stream_come_from_the_cache() {
     let chunks = s.of("input_video_buffer.chunk_added");
     assert_eq!(chunks.len(), 36);
     assert!(chunks.iter().all(|c| c["tokens"] == per_chunk));
-    let starts: Vec<u64> = chunks.iter().map(|c| c["start_ms"].as_u64().unwrap()).collect();
+    let starts: Vec<u64> = chunks
+        .iter()
+        .map(|c| c["start_ms"].as_u64().unwrap())
+        .collect();
     assert_eq!(starts, (0..36).map(|i| 2000 * i).collect::<Vec<_>>());
     // Cadence every 35 media seconds: chunks end at 1.5 + 2k s, so ticks fire at the
     // chunks ending 35.5 s and 71.5 s (the last).
@@ -315,7 +357,10 @@ async fn questions_and_cadence_over_a_prefilled_stream_come_from_the_cache() {
     while cadence(&s) < 2 {
         s.until("response.done").await;
     }
-    assert!(s.of("response.created").iter().all(|r| r["response"]["metadata"]["caracal_analysis"] == "cadence"));
+    assert!(s
+        .of("response.created")
+        .iter()
+        .all(|r| r["response"]["metadata"]["caracal_analysis"] == "cadence"));
     let reports = s.of("caracal.cache_report");
     let last = reports.last().unwrap();
     assert!(
@@ -328,7 +373,10 @@ async fn questions_and_cadence_over_a_prefilled_stream_come_from_the_cache() {
     assert_eq!(report["media"].as_array().unwrap().len(), 36);
     let path = chunks[35]["context_tokens"].as_u64().unwrap();
     let own = report["prompt_tokens"].as_u64().unwrap() - path;
-    assert!(own < 40, "the question adds only its own message: {own} tokens");
+    assert!(
+        own < 40,
+        "the question adds only its own message: {own} tokens"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -337,7 +385,11 @@ async fn the_window_evicts_old_chunks_and_releases_their_pages() {
     let frames = stills(&dir, "w", 48, "160x120");
     let server = start_default(GatewayConfig::default()).await;
     // A 6 s window: chunks of 2 s; past 6 s the oldest leave down to 4.5 s.
-    let mut s = Session::open(&server, json!({"fps": 2, "format": "jpeg", "window_seconds": 6})).await;
+    let mut s = Session::open(
+        &server,
+        json!({"fps": 2, "format": "jpeg", "window_seconds": 6}),
+    )
+    .await;
     let mut pages = Vec::new();
     for (i, f) in frames.iter().enumerate() {
         s.append(f, Some(500 * i as u64)).await;
@@ -360,17 +412,25 @@ async fn the_window_evicts_old_chunks_and_releases_their_pages() {
     assert_eq!(first["last_chunk_index"], 1);
     assert_eq!(first["tokens"], 60);
     assert!(
-        evictions.iter().all(|e| e["pages_released"].as_u64().unwrap() > 0),
+        evictions
+            .iter()
+            .all(|e| e["pages_released"].as_u64().unwrap() > 0),
         "{evictions:?}"
     );
     let chunks = s.of("input_video_buffer.chunk_added");
     assert_eq!(chunks.len(), 12);
-    let context: Vec<u64> = chunks.iter().map(|c| c["context_tokens"].as_u64().unwrap()).collect();
+    let context: Vec<u64> = chunks
+        .iter()
+        .map(|c| c["context_tokens"].as_u64().unwrap())
+        .collect();
     let (lo, hi) = (
         *context[6..].iter().min().unwrap(),
         *context[6..].iter().max().unwrap(),
     );
-    assert!(hi < 2 * lo, "the stream path stays within the window: {context:?}");
+    assert!(
+        hi < 2 * lo,
+        "the stream path stays within the window: {context:?}"
+    );
     let (min, max) = (*pages.iter().min().unwrap(), *pages.iter().max().unwrap());
     assert!(
         max <= min + 8,
@@ -394,7 +454,10 @@ async fn bursts_drop_frames_and_bad_bytes_get_errors_while_the_session_goes_on()
     s.send(json!({"type": "input_video_buffer.commit"})).await;
     s.until("input_video_buffer.committed").await;
     let dropped = s.of("input_video_buffer.frames_dropped");
-    assert!(!dropped.is_empty(), "a burst faster than encoding drops frames");
+    assert!(
+        !dropped.is_empty(),
+        "a burst faster than encoding drops frames"
+    );
     assert!(dropped.iter().all(|d| d["reason"] == "backpressure"));
     let lost: u64 = dropped.iter().map(|d| d["count"].as_u64().unwrap()).sum();
     let added: u64 = s
@@ -402,26 +465,43 @@ async fn bursts_drop_frames_and_bad_bytes_get_errors_while_the_session_goes_on()
         .iter()
         .map(|c| c["frames"].as_u64().unwrap())
         .sum();
-    assert_eq!(added + lost, 40, "every frame taken is added or reported dropped");
+    assert_eq!(
+        added + lost,
+        40,
+        "every frame taken is added or reported dropped"
+    );
 
     // A PNG where the format says JPEG.
-    s.send(json!({"type": "session.update", "session": {"video": {"format": "jpeg"}}})).await;
+    s.send(json!({"type": "session.update", "session": {"video": {"format": "jpeg"}}}))
+        .await;
     s.until("session.updated").await;
     let png = {
         let path = dir.join("one.png").to_string_lossy().into_owned();
-        ffmpeg(&["-f", "lavfi", "-i", "testsrc=size=160x120", "-frames:v", "1", &path]);
+        ffmpeg(&[
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc=size=160x120",
+            "-frames:v",
+            "1",
+            &path,
+        ]);
         std::fs::read(&path).unwrap()
     };
     s.append(&png, Some(0)).await;
     let e = s.until("error").await;
     assert_eq!(e["error"]["code"], "video_format_mismatch", "{e}");
     // Bytes that are no video at all: the demuxer waits for more until the commit.
-    s.send(json!({"type": "session.update", "session": {"video": {"format": "webm"}}})).await;
+    s.send(json!({"type": "session.update", "session": {"video": {"format": "webm"}}}))
+        .await;
     s.until("session.updated").await;
     s.append(b"definitely not a video", None).await;
     s.send(json!({"type": "input_video_buffer.commit"})).await;
     let e = s.until("error").await;
-    assert!(e["error"]["code"].as_str().unwrap().starts_with("video_"), "{e}");
+    assert!(
+        e["error"]["code"].as_str().unwrap().starts_with("video_"),
+        "{e}"
+    );
     s.until("input_video_buffer.committed").await;
 
     // A WebM whose second VP8 keyframe (1 s in) claims 16383×16383 pixels: hostile
@@ -444,7 +524,8 @@ async fn bursts_drop_frames_and_bad_bytes_get_errors_while_the_session_goes_on()
     assert_eq!(e["error"]["code"], "video_frame_too_large", "{e}");
     s.until("input_video_buffer.committed").await;
     // A good WebM stream on the same session, and a question.
-    s.send(json!({"type": "session.update", "session": {"video": {"format": "auto"}}})).await;
+    s.send(json!({"type": "session.update", "session": {"video": {"format": "auto"}}}))
+        .await;
     s.until("session.updated").await;
     s.send(json!({"type": "input_video_buffer.clear"})).await;
     s.until("input_video_buffer.cleared").await;
@@ -454,7 +535,11 @@ async fn bursts_drop_frames_and_bad_bytes_get_errors_while_the_session_goes_on()
     }
     s.send(json!({"type": "input_video_buffer.commit"})).await;
     s.until("input_video_buffer.committed").await;
-    assert_eq!(s.of("input_video_buffer.chunk_added").len() - before, 1, "2 s → 4 frames");
+    assert_eq!(
+        s.of("input_video_buffer.chunk_added").len() - before,
+        1,
+        "2 s → 4 frames"
+    );
     let (_, done) = s.ask("Still there?").await;
     assert_eq!(done["response"]["status"], "incomplete", "{done}");
     drop(s);
@@ -506,23 +591,52 @@ async fn live_long() {
     let dir = tempdir("caracal-live-long");
     let src = format!("testsrc=duration={}:size=320x240:rate=10", minutes * 60);
     let pattern = dir.join("seg_%05d.ts").to_string_lossy().into_owned();
-    ffmpeg(&["-f", "lavfi", "-i", &src, "-c:v", "libx264", "-preset", "ultrafast",
-        "-pix_fmt", "yuv420p", "-bf", "0", "-g", "20", "-f", "segment", "-segment_time", "2",
-        "-segment_format", "mpegts", &pattern]);
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        &src,
+        "-c:v",
+        "libx264",
+        "-preset",
+        "ultrafast",
+        "-pix_fmt",
+        "yuv420p",
+        "-bf",
+        "0",
+        "-g",
+        "20",
+        "-f",
+        "segment",
+        "-segment_time",
+        "2",
+        "-segment_format",
+        "mpegts",
+        &pattern,
+    ]);
     let mut segments = Vec::new();
     while let Ok(b) = std::fs::read(dir.join(format!("seg_{:05}.ts", segments.len()))) {
         segments.push(b);
     }
-    assert!(segments.len() as u64 >= minutes * 30 - 1, "{} segments", segments.len());
+    assert!(
+        segments.len() as u64 >= minutes * 30 - 1,
+        "{} segments",
+        segments.len()
+    );
     let server = common::serve::ServeProcess::start(&["--served-model-name", "kimi-k3-tiny"], 600);
     let addr: std::net::SocketAddr = format!("127.0.0.1:{}", server.port).parse().unwrap();
     let mut ws = WsClient::connect(addr, MODEL).await;
     assert_eq!(ws.next().await.unwrap()["type"], "session.created");
-    let mut s = Session { ws, seen: Vec::new() };
+    let mut s = Session {
+        ws,
+        seen: Vec::new(),
+    };
     s.until("conversation.created").await;
-    s.send(json!({"type": "session.update", "session": {"video": {"fps": 2, "format": "mpegts",
-        "window_seconds": 60, "analysis_interval": 10, "analysis_max_output_tokens": 4}}}))
-        .await;
+    s.send(
+        json!({"type": "session.update", "session": {"video": {"fps": 2, "format": "mpegts",
+        "window_seconds": 60, "analysis_interval": 10, "analysis_max_output_tokens": 4}}}),
+    )
+    .await;
     s.until("session.updated").await;
     let pid = server.child.id();
     let header = "minute,rss_kib,kv_pages_used,question_ttft_ms,question_cached,cadence_cached_min,chunk_p50_ms,chunk_p99_ms,chunks,frames_dropped,evictions,prefill_tokens_per_media_s";
@@ -551,10 +665,12 @@ async fn live_long() {
         // A media minute is in: ask, once no cadence answer runs.
         let t0 = Instant::now();
         let (ttft, report) = loop {
-            s.send(json!({"type": "response.create", "response": {"max_output_tokens": 1,
+            s.send(
+                json!({"type": "response.create", "response": {"max_output_tokens": 1,
                 "conversation": "none", "input": [{"type": "message", "role": "user",
-                "content": [{"type": "input_text", "text": "What is on the screen now?"}]}]}}))
-                .await;
+                "content": [{"type": "input_text", "text": "What is on the screen now?"}]}]}}),
+            )
+            .await;
             let first = loop {
                 let ev = s.ws.next().await.expect("an event");
                 s.seen.push(ev.clone());
@@ -570,7 +686,9 @@ async fn live_long() {
             let ttft = loop {
                 let ev = s.ws.next().await.expect("an event");
                 s.seen.push(ev.clone());
-                if ev["type"] == "response.output_text.delta" || ev["type"] == "caracal.cache_report" {
+                if ev["type"] == "response.output_text.delta"
+                    || ev["type"] == "caracal.cache_report"
+                {
                     break t0.elapsed();
                 }
             };
@@ -580,9 +698,18 @@ async fn live_long() {
         };
         let new = &s.seen[mark..];
         mark = s.seen.len();
-        let chunks: Vec<&Value> = new.iter().filter(|e| e["type"] == "input_video_buffer.chunk_added").collect();
-        let mut lat: Vec<f64> = chunks.iter().map(|e| e["latency_ms"].as_f64().unwrap()).collect();
-        let prefill: u64 = chunks.iter().map(|e| e["prefill_tokens"].as_u64().unwrap()).sum();
+        let chunks: Vec<&Value> = new
+            .iter()
+            .filter(|e| e["type"] == "input_video_buffer.chunk_added")
+            .collect();
+        let mut lat: Vec<f64> = chunks
+            .iter()
+            .map(|e| e["latency_ms"].as_f64().unwrap())
+            .collect();
+        let prefill: u64 = chunks
+            .iter()
+            .map(|e| e["prefill_tokens"].as_u64().unwrap())
+            .sum();
         let cadence = new
             .windows(1)
             .filter(|w| w[0]["type"] == "caracal.cache_report")
@@ -603,7 +730,9 @@ async fn live_long() {
             quantile(&mut lat, 0.5),
             quantile(&mut lat, 0.99),
             chunks.len(),
-            new.iter().filter(|e| e["type"] == "input_video_buffer.window_evicted").count(),
+            new.iter()
+                .filter(|e| e["type"] == "input_video_buffer.window_evicted")
+                .count(),
             prefill as f64 / 60.0,
         );
         println!("{row}");
@@ -613,4 +742,34 @@ async fn live_long() {
     let csv = std::env::var("LIVE_CSV").unwrap_or_else(|_| "live_long.csv".into());
     std::fs::write(&csv, format!("{header}\n{}\n", rows.join("\n"))).expect("the CSV is written");
     println!("wrote {csv}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_sends_the_api_key_as_a_subprotocol() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let config = GatewayConfig {
+        api_key: Some("sekrit".into()),
+        ..GatewayConfig::default()
+    };
+    let server = start_default(config).await;
+    let url = format!("ws://{}{MODEL}", server.addr);
+    let connect = |protocols: &'static str| {
+        let mut req = url.as_str().into_client_request().unwrap();
+        req.headers_mut()
+            .insert("sec-websocket-protocol", protocols.parse().unwrap());
+        tokio_tungstenite::connect_async(req)
+    };
+    let (mut ws, resp) = connect("realtime, openai-insecure-api-key.sekrit")
+        .await
+        .expect("the key in the subprotocol is accepted");
+    assert_eq!(resp.headers()["sec-websocket-protocol"], "realtime");
+    let mut c = WsClient { ws };
+    assert_eq!(c.next().await.unwrap()["type"], "session.created");
+    ws = c.ws;
+    let _ = ws.close(None).await;
+    let refused = connect("realtime, openai-insecure-api-key.wrong").await;
+    assert!(
+        matches!(&refused, Err(tokio_tungstenite::tungstenite::Error::Http(r)) if r.status() == 401),
+        "{refused:?}"
+    );
 }

@@ -549,7 +549,10 @@ impl RadixCache {
         }
         let ps = self.page_size;
         for root in doomed {
-            let parent = self.get(root).parent.expect("only non-root nodes are removed");
+            let parent = self
+                .get(root)
+                .parent
+                .expect("only non-root nodes are removed");
             let first: Box<[u64]> = self.get(root).key[..ps].into();
             self.get_mut(parent).children.remove(&first);
             let mut stack = vec![root];
@@ -914,7 +917,10 @@ mod tests {
         ok(&t);
         assert_eq!(t.cached_pages(), 2);
         assert_eq!(t.evictable_pages(), 2);
-        assert!(t.evict_prefix(&[5, 5]).pages.is_empty(), "nothing extends it");
+        assert!(
+            t.evict_prefix(&[5, 5]).pages.is_empty(),
+            "nothing extends it"
+        );
         assert!(t.evict_prefix(&[1]).pages.is_empty(), "no whole page");
     }
 

@@ -33,8 +33,8 @@ use crate::constraint::SeqConstraint;
 use crate::engine::{CausalLm, Detokenize, ModelInfo};
 use crate::expert_shard::ShardedExperts;
 use crate::messages::{
-    AdmitRequest, CancelRequest, EngineStats, MemoryStats, RequestId, SchedulerCommand,
-    DropPath, SchedulerStats, SessionClosed, SubmitError, TokenEvent, ValidRequest,
+    AdmitRequest, CancelRequest, DropPath, EngineStats, MemoryStats, RequestId, SchedulerCommand,
+    SchedulerStats, SessionClosed, SubmitError, TokenEvent, ValidRequest,
 };
 use crate::scheduler::{driver, validate_request, SchedulerConfig, SchedulerState};
 use crate::session_memory::{MemoryConfig, SessionMemory};

@@ -559,13 +559,21 @@ mod tests {
         commit(&mut m, key(12));
         let new: Vec<u64> = (0..4).chain(100..108).collect();
         commit(&mut m, new.clone());
-        assert_eq!(m.stats().cached_pages, 5, "old path unpinned but still cached");
+        assert_eq!(
+            m.stats().cached_pages,
+            5,
+            "old path unpinned but still cached"
+        );
         // Superseded from token 5 on: the page holding it (4..8) and what follows.
         let freed = m.drop_path(None, &key(12), 5);
         assert_eq!(freed, 2, "the old path's two pages after the shared one");
         assert_eq!(m.stats().cached_pages, 3);
         assert_eq!(m.stats().pinned_sessions, 1, "the new path stays pinned");
-        assert_eq!(m.drop_path(None, &key(6), 5), 0, "page 4..8 not whole in the path");
+        assert_eq!(
+            m.drop_path(None, &key(6), 5),
+            0,
+            "page 4..8 not whole in the path"
+        );
         // Dropping the pinned path needs the session unpinned first.
         assert_eq!(m.drop_path(None, &new, 4), 0, "pinned: nothing freed");
         assert_eq!(m.drop_path(Some("s"), &new, 4), 2);

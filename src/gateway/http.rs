@@ -55,7 +55,9 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// Checks `Authorization: Bearer <key>` when `--api-key` is set (`/health` is open).
+/// Checks `Authorization: Bearer <key>` (or, on a WebSocket handshake, the
+/// subprotocol `openai-insecure-api-key.<key>`) when `--api-key` is set
+/// (`/health` is open).
 async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = state.config.api_key.as_deref() {
         if req.uri().path() != "/health" {
@@ -65,7 +67,12 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .unwrap_or("");
-            if !ct_eq(given.trim().as_bytes(), key.as_bytes()) {
+            // Browsers cannot set headers on a WebSocket: the key may come as the
+            // subprotocol `openai-insecure-api-key.KEY`, as OpenAI's browser clients send it.
+            let offered = super::upgrade::offered_protocols(req.headers())
+                .filter_map(|p| p.strip_prefix("openai-insecure-api-key."))
+                .any(|k| ct_eq(k.as_bytes(), key.as_bytes()));
+            if !offered && !ct_eq(given.trim().as_bytes(), key.as_bytes()) {
                 return ApiError::unauthorized().into_response();
             }
         }

@@ -1,7 +1,9 @@
 //! The WebSocket upgrade on the HTTP port: check the handshake headers,
 //! answer `101 Switching Protocols` with `Sec-WebSocket-Accept`, and once
 //! hyper hands over the connection, wrap it in a tokio-tungstenite
-//! [`WebSocketStream`] for the session task.
+//! [`WebSocketStream`] for the session task. A client that offers the
+//! `realtime` subprotocol (browsers, which cannot set `Authorization`, offer it
+//! with `openai-insecure-api-key.KEY`) gets `Sec-WebSocket-Protocol: realtime`.
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -23,6 +25,9 @@ pub struct Handshake {
     on_upgrade: hyper::upgrade::OnUpgrade,
     /// `Sec-WebSocket-Accept`.
     accept: String,
+    /// The subprotocol answered: `realtime` when the client offered it (browsers
+    /// offer it with `openai-insecure-api-key.KEY`, which is never echoed).
+    protocol: Option<&'static str>,
 }
 
 /// Checks the handshake of `req` (version 13, a key, `Upgrade: websocket`).
@@ -60,11 +65,18 @@ pub fn accept(req: &mut Request) -> ApiResult<Handshake> {
         .get(header::SEC_WEBSOCKET_KEY)
         .ok_or_else(|| ApiError::missing("sec-websocket-key"))?;
     let accept = derive_accept_key(key.as_bytes());
+    let protocol = offered_protocols(h)
+        .any(|p| p == "realtime")
+        .then_some("realtime");
     let on_upgrade = req
         .extensions_mut()
         .remove::<hyper::upgrade::OnUpgrade>()
         .ok_or_else(|| ApiError::internal("the connection cannot be upgraded"))?;
-    Ok(Handshake { on_upgrade, accept })
+    Ok(Handshake {
+        on_upgrade,
+        accept,
+        protocol,
+    })
 }
 
 impl Handshake {
@@ -101,6 +113,18 @@ impl Handshake {
             header::SEC_WEBSOCKET_ACCEPT,
             HeaderValue::from_str(&self.accept).expect("base64 is a valid header value"),
         );
+        if let Some(p) = self.protocol {
+            h.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(p));
+        }
         resp
     }
+}
+
+/// The subprotocols a handshake offers (`Sec-WebSocket-Protocol`, comma-separated).
+pub fn offered_protocols(h: &axum::http::HeaderMap) -> impl Iterator<Item = &str> {
+    h.get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
 }

@@ -287,7 +287,11 @@ impl RealtimeSession {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(data.trim())
             .map_err(|e| {
-                ApiError::invalid("invalid_value", Some("video"), format!("`video` is not base64: {e}"))
+                ApiError::invalid(
+                    "invalid_value",
+                    Some("video"),
+                    format!("`video` is not base64: {e}"),
+                )
             })?;
         let ts = f.get::<f64>("timestamp_ms", "a number")?;
         if ts.is_some_and(|t| !t.is_finite() || t < 0.0) {

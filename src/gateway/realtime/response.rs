@@ -294,7 +294,10 @@ pub(super) fn item_not_found(id: &str, param: &str) -> ApiError {
 }
 
 /// An item as the conversation keeps it: audio parts dropped (accepted and ignored).
-pub(super) fn clean_item(item: &Map<String, Value>, _vision: bool) -> ApiResult<Map<String, Value>> {
+pub(super) fn clean_item(
+    item: &Map<String, Value>,
+    _vision: bool,
+) -> ApiResult<Map<String, Value>> {
     let mut item = item.clone();
     if let Some(Value::Array(parts)) = item.get_mut("content") {
         parts.retain(|p| {
@@ -392,4 +395,3 @@ pub(super) fn tool_choice(v: &Value, chat_tools: &[Value]) -> ApiResult<ToolChoi
         }
     })
 }
-

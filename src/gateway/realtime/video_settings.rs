@@ -125,7 +125,12 @@ impl Default for VideoSettings {
 }
 
 /// A number field of `session.video` that must be finite and pass `ok`.
-fn number(f: &Fields<'_>, key: &str, ok: impl Fn(f64) -> bool, range: &str) -> ApiResult<Option<f64>> {
+fn number(
+    f: &Fields<'_>,
+    key: &str,
+    ok: impl Fn(f64) -> bool,
+    range: &str,
+) -> ApiResult<Option<f64>> {
     let Some(x) = f.get::<f64>(key, "a number")? else {
         return Ok(None);
     };
@@ -162,7 +167,10 @@ impl VideoSettings {
                 ApiError::invalid(
                     "invalid_value",
                     Some("session.video.format"),
-                    format!("`session.video.format` must be one of {}, got `{s}`", names.join(", ")),
+                    format!(
+                        "`session.video.format` must be one of {}, got `{s}`",
+                        names.join(", ")
+                    ),
                 )
             })?;
         }
@@ -170,7 +178,8 @@ impl VideoSettings {
             next.window_seconds = w;
         }
         if obj.contains_key("analysis_interval") {
-            next.analysis_interval = number(&f, "analysis_interval", |x| x > 0.0, "a number > 0 or null")?;
+            next.analysis_interval =
+                number(&f, "analysis_interval", |x| x > 0.0, "a number > 0 or null")?;
         }
         if let Some(p) = f.str("analysis_prompt")? {
             if p.trim().is_empty() {
@@ -208,8 +217,13 @@ mod tests {
     fn updates_apply_field_by_field_and_echo() {
         let s = VideoSettings::default();
         let next = s
-            .updated(&obj(json!({"fps": 4, "window_seconds": 0, "analysis_interval": 10,
-                "analysis_prompt": "What now?", "format": "mpegts"})), false)
+            .updated(
+                &obj(
+                    json!({"fps": 4, "window_seconds": 0, "analysis_interval": 10,
+                "analysis_prompt": "What now?", "format": "mpegts"}),
+                ),
+                false,
+            )
             .expect("valid");
         assert_eq!(next.fps, 4.0);
         assert_eq!(next.format, VideoFormat::MpegTs);
@@ -217,7 +231,9 @@ mod tests {
         let echo = next.to_json();
         assert_eq!(echo["format"], "mpegts");
         assert_eq!(echo["analysis_max_output_tokens"], 128);
-        let off = next.updated(&obj(json!({"analysis_interval": null})), true).unwrap();
+        let off = next
+            .updated(&obj(json!({"analysis_interval": null})), true)
+            .unwrap();
         assert_eq!(off.analysis_interval, None, "null turns the cadence off");
         assert_eq!(off.window_seconds, 0.0, "absent fields keep their value");
     }
@@ -229,10 +245,22 @@ mod tests {
             (json!({"fps": 0}), "session.video.fps"),
             (json!({"fps": 31}), "session.video.fps"),
             (json!({"format": "avi"}), "session.video.format"),
-            (json!({"window_seconds": -1}), "session.video.window_seconds"),
-            (json!({"analysis_interval": 0}), "session.video.analysis_interval"),
-            (json!({"analysis_max_output_tokens": 0}), "session.video.analysis_max_output_tokens"),
-            (json!({"analysis_prompt": " "}), "session.video.analysis_prompt"),
+            (
+                json!({"window_seconds": -1}),
+                "session.video.window_seconds",
+            ),
+            (
+                json!({"analysis_interval": 0}),
+                "session.video.analysis_interval",
+            ),
+            (
+                json!({"analysis_max_output_tokens": 0}),
+                "session.video.analysis_max_output_tokens",
+            ),
+            (
+                json!({"analysis_prompt": " "}),
+                "session.video.analysis_prompt",
+            ),
         ] {
             let e = s.updated(&obj(v.clone()), false).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{v}: {}", e.message);
@@ -244,10 +272,15 @@ mod tests {
         let s = VideoSettings::default();
         let e = s.updated(&obj(json!({"fps": 1})), true).unwrap_err();
         assert_eq!(e.code, "video_stream_active");
-        let e = s.updated(&obj(json!({"format": "webm"})), true).unwrap_err();
+        let e = s
+            .updated(&obj(json!({"format": "webm"})), true)
+            .unwrap_err();
         assert_eq!(e.code, "video_stream_active");
         let ok = s
-            .updated(&obj(json!({"fps": 2, "window_seconds": 30, "analysis_interval": 5})), true)
+            .updated(
+                &obj(json!({"fps": 2, "window_seconds": 30, "analysis_interval": 5})),
+                true,
+            )
             .expect("window and cadence change at once; the same fps is no change");
         assert_eq!(ok.window_seconds, 30.0);
     }

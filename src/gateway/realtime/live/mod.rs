@@ -59,24 +59,25 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use caracal_actors::messages::{CacheReport, TokenEvent, ValidRequest};
-use caracal_kernels::sampling::SamplingParams;
+use caracal_actors::messages::CacheReport;
 use caracal_media::video::{
-    image_frame, sniff, LiveDecoder, LiveSelector, OutputSize, Sniffed, VideoLimits, VideoOptions,
+    sniff, LiveDecoder, LiveSelector, OutputSize, Sniffed, VideoLimits, VideoOptions,
 };
 use caracal_media::{format_timestamp, MediaError, RgbImage};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+mod decode;
+mod path;
+
+use self::decode::{decode, Op, Source};
+use self::path::{path_request, prefill, stream_message};
 use super::events::event;
 use super::video_settings::{VideoFormat, VideoSettings};
-use crate::chat::toolcall::{ContentPart, Message, MessageContent};
-use crate::gateway::engine::event_error;
+use crate::chat::toolcall::Message;
 use crate::gateway::error::{ApiError, ApiResult};
 use crate::gateway::media::{self, EncodedChunk};
-use crate::gateway::model::{Conversation, ToolChoiceSpec};
-use crate::gateway::params::{valid_request, Sampling};
-use crate::gateway::responses::types::prompt_messages;
+use crate::gateway::model::ToolChoiceSpec;
 use crate::gateway::AppState;
 use crate::generate::EncodedMedia;
 
@@ -103,38 +104,6 @@ pub struct PathContext {
     pub tools: Vec<Value>,
     /// The session's tool choice (decides which tools the prompt lists).
     pub tool_choice: ToolChoiceSpec,
-}
-
-/// Where the open stream's frames come from.
-enum Source {
-    /// One JPEG or PNG per append, taken by its presentation time.
-    Still {
-        /// Picks frames at `fps`.
-        selector: LiveSelector,
-        /// The first append's `timestamp_ms` (later ones are relative to it).
-        first_ms: Option<f64>,
-        /// When the stream's first append arrived (the clock without `timestamp_ms`).
-        started: Instant,
-        /// Bytes appended so far (checked against `--max-video-bytes`).
-        bytes: u64,
-    },
-    /// An encoded container or elementary stream.
-    Container(Box<LiveDecoder>),
-}
-
-/// A client append or the end of a stream, in arrival order.
-enum Op {
-    /// The next bytes of the stream (or one still).
-    Append {
-        /// The bytes.
-        bytes: Vec<u8>,
-        /// The still's presentation time as the client gave it.
-        timestamp_ms: Option<f64>,
-        /// When the session received them.
-        arrival: Instant,
-    },
-    /// `input_video_buffer.commit`.
-    Commit,
 }
 
 /// A frame the sampler took.
@@ -353,14 +322,6 @@ fn cadence_tick(next: &mut Option<f64>, interval: f64, start: f64, end: f64) -> 
     true
 }
 
-/// The user message holding the chunk prompts.
-fn stream_message(prompts: String) -> Message {
-    Message {
-        content: Some(MessageContent::Parts(vec![ContentPart::video(prompts)])),
-        ..Message::text("user", "")
-    }
-}
-
 /// A live media error as a client error (the limits name their flag).
 fn live_error(e: MediaError) -> ApiError {
     let mut err = media::media_error(PARAM, e);
@@ -445,16 +406,28 @@ impl Live {
         if self.window.is_empty() {
             return None;
         }
-        let prompts = self.window.iter().map(|c| c.chunk.prompt.as_str()).collect();
+        let prompts = self
+            .window
+            .iter()
+            .map(|c| c.chunk.prompt.as_str())
+            .collect();
         let items = self.window.iter().map(|c| c.chunk.item.clone()).collect();
         Some((stream_message(prompts), items))
     }
 
     /// `input_video_buffer.append`: queues the bytes for the decoder.
-    pub fn append(&mut self, bytes: Vec<u8>, timestamp_ms: Option<f64>, ctx: &PathContext) -> Vec<Value> {
+    pub fn append(
+        &mut self,
+        bytes: Vec<u8>,
+        timestamp_ms: Option<f64>,
+        ctx: &PathContext,
+    ) -> Vec<Value> {
         let mut events = Vec::new();
         let Some(cfg) = self.state.media.as_ref().map(|m| m.config()) else {
-            return vec![error_event(&ApiError::unsupported(PARAM, "video: this model takes no video"))];
+            return vec![error_event(&ApiError::unsupported(
+                PARAM,
+                "video: this model takes no video",
+            ))];
         };
         if bytes.is_empty() {
             return vec![error_event(&ApiError::invalid(
@@ -556,7 +529,9 @@ impl Live {
                     self.release(Some(self.session.clone()), key, head, None);
                 } else {
                     match result {
-                        Ok(report) => out.cadence = self.on_prefilled(*plan, report, &mut out.events),
+                        Ok(report) => {
+                            out.cadence = self.on_prefilled(*plan, report, &mut out.events)
+                        }
                         Err(e) => out.events.push(error_event(&e)),
                     }
                 }
@@ -666,7 +641,8 @@ impl Live {
             let (epoch, tx, format) = (self.epoch, self.tx.clone(), self.settings.format);
             self.decoding = true;
             tokio::spawn(async move {
-                let job = tokio::task::spawn_blocking(move || decode(source, batch, format, &options));
+                let job =
+                    tokio::task::spawn_blocking(move || decode(source, batch, format, &options));
                 let done = match job.await {
                     Ok((source, frames, error, finished)) => Done::Decoded {
                         epoch,
@@ -787,9 +763,9 @@ impl Live {
                 Some(m) => media::encode_frames(m, images, times, PARAM)
                     .await
                     .and_then(|mut chunks| {
-                        chunks
-                            .pop()
-                            .ok_or_else(|| ApiError::internal("a chunk of frames encoded to nothing"))
+                        chunks.pop().ok_or_else(|| {
+                            ApiError::internal("a chunk of frames encoded to nothing")
+                        })
                     }),
                 None => Err(ApiError::internal("live video without a vision tower")),
             };
@@ -812,7 +788,12 @@ impl Live {
         };
         let mut window: Vec<WindowChunk> = self.window.iter().cloned().collect();
         let starts: Vec<f64> = window.iter().map(|c| c.meta.start).collect();
-        let gone = evictions(&starts, meta.end, self.settings.window_seconds, 1.0 / self.settings.fps);
+        let gone = evictions(
+            &starts,
+            meta.end,
+            self.settings.window_seconds,
+            1.0 / self.settings.fps,
+        );
         let evicted: Vec<WindowChunk> = window.drain(..gone.min(window.len())).collect();
         let seq = meta.seq;
         window.push(WindowChunk {
@@ -820,7 +801,7 @@ impl Live {
             meta,
             chunk,
         });
-        match self.path_request(ctx, &window) {
+        match path_request(&self.state, &self.session, ctx, &window) {
             Ok((valid, head)) => {
                 let key = valid.cache_key.clone().unwrap_or_default();
                 let plan = Box::new(PathPlan {
@@ -845,42 +826,14 @@ impl Live {
         }
     }
 
-    /// The prefill request of the stream path over `window`, and the tokens before its
-    /// first chunk.
-    fn path_request(&self, ctx: &PathContext, window: &[WindowChunk]) -> ApiResult<(ValidRequest, usize)> {
-        let state = &self.state;
-        let prompts: String = window.iter().map(|c| c.chunk.prompt.as_str()).collect();
-        let conv = Conversation {
-            messages: prompt_messages(Some(&ctx.instructions), &[stream_message(prompts.clone())]),
-            tools: ctx.tools.clone(),
-            tool_choice: ctx.tool_choice.clone(),
-            thinking: true,
-        };
-        let text = state.model.render(&conv)?;
-        let at = text
-            .rfind(&prompts)
-            .ok_or_else(|| ApiError::internal("the chat format dropped the video chunks"))?;
-        let ids = state.model.encode(&text[..at + prompts.len()], None)?;
-        let head_ids = state.model.encode(&text[..at], None)?;
-        let head = ids.iter().zip(&head_ids).take_while(|(a, b)| a == b).count();
-        let sampling = Sampling {
-            params: SamplingParams {
-                temperature: 0.0,
-                ..SamplingParams::default()
-            },
-            stop: Vec::new(),
-            max_tokens: Some(1),
-            ignore_eos: true,
-        };
-        let mut valid = valid_request(state, ids, &sampling, Some(self.session.clone()))?;
-        let items: Vec<EncodedMedia> = window.iter().map(|c| c.chunk.item.clone()).collect();
-        media::splice(state, &mut valid, &items)?;
-        Ok((valid, head))
-    }
-
     /// A chunk's tokens are in the cache: it joins the window, the superseded path is
     /// released; returns whether a cadence question is due.
-    fn on_prefilled(&mut self, plan: PathPlan, report: CacheReport, events: &mut Vec<Value>) -> bool {
+    fn on_prefilled(
+        &mut self,
+        plan: PathPlan,
+        report: CacheReport,
+        events: &mut Vec<Value>,
+    ) -> bool {
         let PathPlan {
             window,
             evicted,
@@ -906,12 +859,15 @@ impl Live {
         if let (Some(old), Some(new)) = (old, self.path.as_ref()) {
             let from = common_prefix(&old.key, &new.key);
             if from < old.key.len() {
-                let summary = evicted.first().zip(evicted.last()).map(|(f, l)| EvictedSummary {
-                    chunks: evicted.len(),
-                    first: f.index,
-                    last: l.index,
-                    tokens: evicted.iter().map(|c| c.chunk.item.num_tokens).sum(),
-                });
+                let summary = evicted
+                    .first()
+                    .zip(evicted.last())
+                    .map(|(f, l)| EvictedSummary {
+                        chunks: evicted.len(),
+                        first: f.index,
+                        last: l.index,
+                        tokens: evicted.iter().map(|c| c.chunk.item.num_tokens).sum(),
+                    });
                 self.superseded = Some((old.key.clone(), from));
                 self.release(None, old.key, from, summary);
             }
@@ -924,7 +880,13 @@ impl Live {
 
     /// Releases the cached path `key` from token `from` on (a job; `window_evicted`
     /// follows when `evicted` is given).
-    fn release(&self, session: Option<String>, key: Vec<u64>, from: usize, evicted: Option<EvictedSummary>) {
+    fn release(
+        &self,
+        session: Option<String>,
+        key: Vec<u64>,
+        from: usize,
+        evicted: Option<EvictedSummary>,
+    ) {
         let (state, tx) = (self.state.clone(), self.tx.clone());
         tokio::spawn(async move {
             let pages = state.engine.drop_path(session.as_deref(), key, from).await;
@@ -957,113 +919,6 @@ impl Live {
 /// Seconds as whole milliseconds.
 fn ms(seconds: f64) -> u64 {
     (seconds * 1000.0).round().max(0.0) as u64
-}
-
-/// Runs a prefill-only request (one greedy token, discarded) and waits for it to be
-/// committed to the cache.
-async fn prefill(state: &AppState, valid: ValidRequest) -> ApiResult<CacheReport> {
-    let mut rx = state.engine.submit(valid).await?;
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            TokenEvent::Finished { cache, .. } => return Ok(cache),
-            TokenEvent::Error { kind, message } => return Err(event_error(kind, message)),
-            TokenEvent::Token { .. } => {}
-        }
-    }
-    Err(ApiError::shutting_down())
-}
-
-/// A decoded frame: RGB, seconds since the stream's zero, arrival.
-type Decoded = (RgbImage, f64, Instant);
-
-/// The decode job (blocking): feeds `batch` to `source`; returns the source (unless
-/// the stream ended or failed), the frames taken, the error and whether the batch
-/// ends with a commit (which ends the stream, failed or not).
-fn decode(
-    mut source: Source,
-    batch: Vec<Op>,
-    format: VideoFormat,
-    options: &VideoOptions,
-) -> (Option<Source>, Vec<Decoded>, Option<MediaError>, bool) {
-    let commit = matches!(batch.last(), Some(Op::Commit));
-    let mut frames = Vec::new();
-    for op in batch {
-        let step = match op {
-            Op::Append {
-                bytes,
-                timestamp_ms,
-                arrival,
-            } => decode_append(&mut source, &bytes, timestamp_ms, arrival, format, options, &mut frames),
-            Op::Commit => {
-                let flushed = match &mut source {
-                    Source::Container(d) => d.finish().map(|fs| {
-                        let now = Instant::now();
-                        frames.extend(fs.into_iter().map(|f| (f.image, f.timestamp, now)));
-                    }),
-                    Source::Still { .. } => Ok(()),
-                };
-                return (None, frames, flushed.err(), true);
-            }
-        };
-        if let Err(e) = step {
-            return (None, frames, Some(e), commit);
-        }
-    }
-    (Some(source), frames, None, false)
-}
-
-/// One append through the stream's source.
-fn decode_append(
-    source: &mut Source,
-    bytes: &[u8],
-    timestamp_ms: Option<f64>,
-    arrival: Instant,
-    format: VideoFormat,
-    options: &VideoOptions,
-    frames: &mut Vec<Decoded>,
-) -> Result<(), MediaError> {
-    match source {
-        Source::Container(d) => {
-            for f in d.push(bytes)? {
-                frames.push((f.image, f.timestamp, arrival));
-            }
-            Ok(())
-        }
-        Source::Still {
-            selector,
-            first_ms,
-            started,
-            bytes: total,
-        } => {
-            let found = sniff(bytes);
-            let ok = match format {
-                VideoFormat::Jpeg => found == Some(Sniffed::Jpeg),
-                VideoFormat::Png => found == Some(Sniffed::Png),
-                _ => matches!(found, Some(Sniffed::Jpeg | Sniffed::Png)),
-            };
-            if !ok {
-                return Err(MediaError::VideoFormatMismatch {
-                    declared: match format {
-                        VideoFormat::Png => "a PNG image",
-                        VideoFormat::Jpeg => "a JPEG image",
-                        _ => "a still image (this stream began with one)",
-                    },
-                    found: found.map_or("unknown bytes", Sniffed::name),
-                });
-            }
-            *total += bytes.len() as u64;
-            options.limits.check_bytes(*total)?;
-            let t = match timestamp_ms {
-                Some(at) => (at - *first_ms.get_or_insert(at)) / 1000.0,
-                None => arrival.duration_since(*started).as_secs_f64(),
-            };
-            if selector.keep(t) {
-                let f = image_frame(bytes, t, options)?;
-                frames.push((f.image, t, arrival));
-            }
-            Ok(())
-        }
-    }
 }
 
 #[cfg(test)]
@@ -1103,6 +958,10 @@ mod tests {
     #[test]
     fn superseded_paths_diverge_after_the_shared_head() {
         assert_eq!(common_prefix(&[1, 2, 3, 4], &[1, 2, 9]), 2);
-        assert_eq!(common_prefix(&[1, 2], &[1, 2, 3]), 2, "a prefix is not superseded");
+        assert_eq!(
+            common_prefix(&[1, 2], &[1, 2, 3]),
+            2,
+            "a prefix is not superseded"
+        );
     }
 }
