@@ -115,9 +115,9 @@ impl Session {
         s.send(json!({"type": "session.update", "session": {"video": video}}))
             .await;
         let updated = s.until("session.updated").await;
-        assert_eq!(
+        assert!(
             updated["session"]["video"]["window_seconds"].is_number(),
-            true
+            "{updated}"
         );
         s
     }
