@@ -26,7 +26,7 @@
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::flash::latent_attention_tiled;
+use crate::flash::{latent_attention_tiled, latent_decode_attention_batch, DecodeSeq};
 use crate::paged::KvPool;
 
 /// Head geometry of one MLA layer.
@@ -247,9 +247,9 @@ pub fn mla_attention_absorbed(
     let MlaShape {
         heads,
         nope_dim,
-        rope_dim: dr,
         v_dim,
         kv_lora_rank: r,
+        ..
     } = *shape;
     assert_eq!(
         w.w_uk.len(),
@@ -262,24 +262,8 @@ pub fn mla_attention_absorbed(
         "mla_attention_absorbed: weights built for another shape"
     );
     let t = q_nope.len() / (heads * nope_dim);
-    let width = r + dr;
-    // q̃_h = W_UK_hᵀ · q_nope_h next to the unrotated/rotated q_pe_h: one
-    // query row per head over the latent row [c | k_pe].
-    let mut qcat = vec![0.0f32; t * heads * width];
-    qcat.par_chunks_mut(width)
-        .enumerate()
-        .for_each(|(idx, qc)| {
-            let (i, h) = (idx / heads, idx % heads);
-            let qn = &q_nope[(i * heads + h) * nope_dim..(i * heads + h + 1) * nope_dim];
-            let wk = &w.w_uk[h * nope_dim * r..(h + 1) * nope_dim * r];
-            let (qt, qp) = qc.split_at_mut(r);
-            for (n, &qv) in qn.iter().enumerate() {
-                for (acc, &wv) in qt.iter_mut().zip(&wk[n * r..(n + 1) * r]) {
-                    *acc += qv * wv;
-                }
-            }
-            qp.copy_from_slice(&q_pe[(i * heads + h) * dr..(i * heads + h + 1) * dr]);
-        });
+    let rows: Vec<usize> = (0..t).collect();
+    let qcat = absorb_queries(q_nope, q_pe, &rows, w, shape);
     // lat_h = softmax(scale·q̃·[c | k_pe]) · c, tiled over the cached rows.
     let mut lat = vec![0.0f32; t * heads * r];
     latent_attention_tiled(
@@ -293,7 +277,118 @@ pub fn mla_attention_absorbed(
         scale,
         &mut lat,
     );
-    // out_h = W_UV_h · lat_h.
+    expand_values(&lat, w, shape, out);
+}
+
+/// MLA decode of one query per sequence, every decoding sequence of a step
+/// in one call: the absorbed queries of all of them, one
+/// [`latent_decode_attention_batch`] over their latent rows, then the value
+/// up-projection. Sequence `s` reads row `s.row` of `q_nope` (`[rows,
+/// H·nope]`) and `q_pe` (`[rows, H·dr]`) and writes row `s.row` of `out`
+/// (`[rows, H·v]`); its latent row at `s.pos` must already be written.
+/// Same numbers as [`mla_attention_absorbed`] per sequence, up to f32
+/// summation order.
+///
+/// # Panics
+/// If a length disagrees with `shape`, a row lies outside the arrays or is
+/// named twice, or a block table is too short.
+#[allow(clippy::too_many_arguments)]
+pub fn mla_decode_attention_batch(
+    q_nope: &[f32],
+    q_pe: &[f32],
+    pool: &KvPool,
+    layer: usize,
+    seqs: &[DecodeSeq<'_>],
+    w: &MlaAbsorbed,
+    shape: &MlaShape,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let MlaShape {
+        heads,
+        nope_dim,
+        rope_dim: dr,
+        v_dim,
+        kv_lora_rank: r,
+    } = *shape;
+    assert_eq!(
+        pool.width,
+        shape.cache_width(),
+        "mla_decode_attention_batch: pool width != kv_lora_rank + rope_dim"
+    );
+    assert_eq!(
+        (w.w_uk.len(), w.w_uv.len()),
+        (heads * nope_dim * r, heads * v_dim * r),
+        "mla_decode_attention_batch: weights built for another shape"
+    );
+    let ow = heads * v_dim;
+    for s in seqs {
+        assert!(
+            q_nope.len() >= (s.row + 1) * heads * nope_dim
+                && q_pe.len() >= (s.row + 1) * heads * dr
+                && out.len() >= (s.row + 1) * ow,
+            "mla_decode_attention_batch: row {} lies outside the arrays",
+            s.row
+        );
+    }
+    let rows: Vec<usize> = seqs.iter().map(|s| s.row).collect();
+    let qcat = absorb_queries(q_nope, q_pe, &rows, w, shape);
+    // The absorbed queries are dense: sequence i is row i of qcat and lat.
+    let dense: Vec<DecodeSeq<'_>> = seqs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| DecodeSeq { row: i, ..*s })
+        .collect();
+    let n = seqs.len();
+    let mut lat = vec![0.0f32; n * heads * r];
+    latent_decode_attention_batch(&qcat, pool, layer, &dense, heads, r, scale, &mut lat);
+    let mut dst = vec![0.0f32; n * ow];
+    expand_values(&lat, w, shape, &mut dst);
+    for (i, &row) in rows.iter().enumerate() {
+        out[row * ow..(row + 1) * ow].copy_from_slice(&dst[i * ow..(i + 1) * ow]);
+    }
+}
+
+/// The absorbed queries of rows `rows` of `q_nope`/`q_pe`: per row and head
+/// `[W_UK_hᵀ · q_nope_h | q_pe_h]` (one query over the latent row `[c |
+/// k_pe]`), `[rows.len(), H·(r + dr)]`, parallel over (row, head).
+fn absorb_queries(
+    q_nope: &[f32],
+    q_pe: &[f32],
+    rows: &[usize],
+    w: &MlaAbsorbed,
+    shape: &MlaShape,
+) -> Vec<f32> {
+    let MlaShape {
+        heads,
+        nope_dim,
+        rope_dim: dr,
+        kv_lora_rank: r,
+        ..
+    } = *shape;
+    let width = r + dr;
+    let mut qcat = vec![0.0f32; rows.len() * heads * width];
+    qcat.par_chunks_mut(width)
+        .enumerate()
+        .for_each(|(idx, qc)| {
+            let (i, h) = (rows[idx / heads], idx % heads);
+            let qn = &q_nope[(i * heads + h) * nope_dim..(i * heads + h + 1) * nope_dim];
+            let wk = &w.w_uk[h * nope_dim * r..(h + 1) * nope_dim * r];
+            let (qt, qp) = qc.split_at_mut(r);
+            for (n, &qv) in qn.iter().enumerate() {
+                for (acc, &wv) in qt.iter_mut().zip(&wk[n * r..(n + 1) * r]) {
+                    *acc += qv * wv;
+                }
+            }
+            qp.copy_from_slice(&q_pe[(i * heads + h) * dr..(i * heads + h + 1) * dr]);
+        });
+    qcat
+}
+
+/// `out_h = W_UV_h · lat_h` for every row and head: `lat` `[n, H·r]`, `out`
+/// `[n, H·v]`, parallel over (row, head).
+fn expand_values(lat: &[f32], w: &MlaAbsorbed, shape: &MlaShape, out: &mut [f32]) {
+    let (heads, v_dim, r) = (shape.heads, shape.v_dim, shape.kv_lora_rank);
     out.par_chunks_mut(v_dim).enumerate().for_each(|(idx, o)| {
         let h = idx % heads;
         let l = &lat[idx * r..(idx + 1) * r];
@@ -408,6 +503,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::paged::KvDtype;
     use crate::testing::Rng;
 
     const SHAPE: MlaShape = MlaShape {
@@ -495,6 +591,66 @@ mod tests {
                     "h{h} e{e}: {got} vs {want}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn batched_decode_equals_absorbed_per_sequence() {
+        // Three sequences of 1, 9 and 300 positions on interleaved pages,
+        // rows in reverse order. Tolerance 2e-5 relative (f32 summation
+        // order of the batched kernel vs the tiled one).
+        let s = SHAPE;
+        let mut rng = Rng::new(0xDEC0);
+        let kv_b = rng.vec(s.heads * (s.nope_dim + s.v_dim) * s.kv_lora_rank, 0.5);
+        let w = MlaAbsorbed::from_kv_b(&kv_b, &s).expect("kv_b has the right length");
+        let page_size = 8;
+        let mut pool = KvPool::with_dtype(1, 120, page_size, s.cache_width(), KvDtype::Bf16);
+        let lens = [1usize, 9, 300];
+        let tables: Vec<Vec<u32>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                (0..n.div_ceil(page_size) as u32)
+                    .map(|p| 3 * p + i as u32)
+                    .collect()
+            })
+            .collect();
+        for (table, &n) in tables.iter().zip(&lens) {
+            let c_kv = rng.vec(n * s.kv_lora_rank, 1.0);
+            let k_pe = rng.vec(n * s.rope_dim, 1.0);
+            write_latent(&mut pool, 0, table, 0, &c_kv, &k_pe, &s);
+        }
+        let rows = lens.len();
+        let q_nope = rng.vec(rows * s.heads * s.nope_dim, 1.0);
+        let q_pe = rng.vec(rows * s.heads * s.rope_dim, 1.0);
+        let seqs: Vec<DecodeSeq<'_>> = (0..rows)
+            .map(|i| DecodeSeq {
+                row: rows - 1 - i,
+                pos: lens[i] - 1,
+                block_table: &tables[i],
+            })
+            .collect();
+        let scale = 0.4;
+        let ow = s.heads * s.v_dim;
+        let mut got = vec![f32::NAN; rows * ow];
+        mla_decode_attention_batch(&q_nope, &q_pe, &pool, 0, &seqs, &w, &s, scale, &mut got);
+        for sq in &seqs {
+            let (qn, qp) = (s.heads * s.nope_dim, s.heads * s.rope_dim);
+            let mut want = vec![0.0; ow];
+            mla_attention_absorbed(
+                &q_nope[sq.row * qn..(sq.row + 1) * qn],
+                &q_pe[sq.row * qp..(sq.row + 1) * qp],
+                &pool,
+                0,
+                sq.block_table,
+                sq.pos,
+                &w,
+                &s,
+                scale,
+                &mut want,
+            );
+            let r = sq.row * ow..(sq.row + 1) * ow;
+            assert_close(&got[r], &want, 2e-5, &format!("pos {}", sq.pos));
         }
     }
 

@@ -60,6 +60,16 @@ enum LayerBuf {
     Bf16(Vec<u16>),
 }
 
+/// One layer's whole buffer in its stored dtype, for kernels that read rows
+/// in place (offsets from [`KvPool::row_offset`]).
+#[derive(Clone, Copy)]
+pub(crate) enum LayerRows<'a> {
+    /// f32 rows.
+    F32(&'a [f32]),
+    /// bf16 rows (the raw bits).
+    Bf16(&'a [u16]),
+}
+
 /// Page-structured storage for the KV rows of every attention layer.
 pub struct KvPool {
     /// Tokens per page (a power of two is not required).
@@ -175,9 +185,17 @@ impl KvPool {
         Ok(())
     }
 
+    /// `layer`'s buffer in its stored dtype.
+    pub(crate) fn layer_rows(&self, layer: usize) -> LayerRows<'_> {
+        match &self.layers[layer] {
+            LayerBuf::F32(b) => LayerRows::F32(b),
+            LayerBuf::Bf16(b) => LayerRows::Bf16(b),
+        }
+    }
+
     /// Offset of token `pos`'s row inside a layer buffer.
     #[inline]
-    fn row_offset(&self, block_table: &[u32], pos: usize) -> usize {
+    pub(crate) fn row_offset(&self, block_table: &[u32], pos: usize) -> usize {
         let page = block_table[pos / self.page_size] as usize;
         (page * self.page_size + pos % self.page_size) * self.width
     }

@@ -36,7 +36,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use caracal::chat::toolcall::{render_k2, render_k3, K3Options, Message};
 use caracal::chat::{render, ChatMessage};
 use std::sync::Arc;
@@ -61,8 +61,12 @@ pub struct GenerateArgs {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Prompt text.
-    #[arg(long, conflicts_with = "prompt_ids")]
+    #[arg(long, conflicts_with_all = ["prompt_ids", "prompt_file"])]
     prompt: Option<String>,
+    /// Prompt text read from a UTF-8 file (for prompts too large for a
+    /// command line; chunked prefill takes any length up to the context).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    prompt_file: Option<PathBuf>,
     /// Prompt as comma-separated token ids.
     #[arg(long, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
@@ -284,7 +288,12 @@ fn read_json_file(flag: &str, path: &std::path::Path) -> Result<Value> {
 }
 
 /// Runs `caracal generate`.
-pub fn run(a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> {
+pub fn run(mut a: GenerateArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> {
+    if let Some(path) = a.prompt_file.take() {
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading --prompt-file {}", path.display()))?;
+        a.prompt = Some(text);
+    }
     if !(0.0..=100.0).contains(&a.temperature) {
         bail!("--temperature must be in [0, 100], got {}", a.temperature);
     }

@@ -1,7 +1,8 @@
 //! Media flags of `caracal serve` (as vLLM spells them where it has them):
 //! `--allowed-media-dir`, `--limit-mm-per-prompt`, `--max-image-bytes`,
 //! `--max-image-pixels`, `--mm-processor-kwargs`, `--mm-cache-bytes`, and
-//! for video `--max-video-bytes`, `--max-video-frames`, `--max-video-seconds`.
+//! for video `--max-video-bytes`, `--max-video-frames`, `--max-video-seconds`,
+//! `--max-waiting-videos`.
 
 use std::path::PathBuf;
 
@@ -37,6 +38,10 @@ pub struct MediaArgs {
     /// Longest video in seconds of media time.
     #[arg(long, default_value_t = 7200.0)]
     pub max_video_seconds: f64,
+    /// Videos that may wait for a decode slot (one per Ingest thread);
+    /// further ones are refused with 503 `overloaded` and `Retry-After`.
+    #[arg(long, default_value_t = 16)]
+    pub max_waiting_videos: usize,
     /// Image-processor options as JSON, e.g. `{"max_patches": 256}`.
     #[arg(long)]
     pub mm_processor_kwargs: Option<String>,
@@ -95,6 +100,7 @@ impl MediaArgs {
             );
         }
         c.max_video_bytes = self.max_video_bytes;
+        c.max_waiting_videos = self.max_waiting_videos;
         c.video.max_bytes = self.max_video_bytes as u64;
         c.video.max_frames = self.max_video_frames;
         c.video.max_duration = self.max_video_seconds;

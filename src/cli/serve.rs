@@ -42,6 +42,13 @@ pub struct ServeArgs {
     /// Seconds open streams get to finish after SIGINT/SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30)]
     shutdown_timeout: u64,
+    /// Seconds an HTTP connection may wait for a complete request head
+    /// (a fresh one, or one idle between requests, as uvicorn's
+    /// `--timeout-keep-alive`; a half-sent head or WebSocket handshake
+    /// counts as waiting) before it is closed; 0 never closes them.
+    /// Upgraded WebSocket sessions are not affected.
+    #[arg(long, default_value_t = 5)]
+    timeout_keep_alive: u64,
     /// Largest HTTP request body, e.g. 16MiB.
     #[arg(long, default_value = "16MiB", value_parser = parse_bytes)]
     max_body_bytes: usize,
@@ -171,8 +178,12 @@ pub fn run(a: ServeArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
         store_capacity: a.response_store_size.max(1),
         store_ttl: Duration::from_secs(a.response_store_ttl),
         shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
+        head_timeout: (a.timeout_keep_alive > 0).then(|| Duration::from_secs(a.timeout_keep_alive)),
         ..GatewayConfig::default()
     };
+    if let Some(n) = gateway::raise_fd_limit() {
+        tracing::info!("open-files limit: {n}");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("caracal-gateway")

@@ -31,7 +31,9 @@ use tokio::sync::mpsc;
 use super::error::{ApiError, ApiResult};
 use super::fields::{as_object, Fields};
 use super::generation::{self, Finish, GenEvent, GenRequest, GenSummary, LogprobEntry};
-use super::http::{check_model, ok_json, read_json, sse_done, sse_frame, sse_response, SSE_BUFFER};
+use super::http::{
+    check_model, next_or_gone, ok_json, read_json, sse_done, sse_frame, sse_response, SSE_BUFFER,
+};
 use super::logprobs;
 use super::media;
 use super::metrics::Endpoint;
@@ -479,7 +481,7 @@ async fn stream_chunks(
         return;
     }
     let mut calls = 0usize;
-    while let Some(ev) = rx.recv().await {
+    while let Some(ev) = next_or_gone(&mut rx, &tx).await {
         let frame = match ev {
             GenEvent::Text(t) => chunk(json!({"content": t}), None),
             GenEvent::Reasoning(t) => chunk(json!({"reasoning_content": t}), None),

@@ -14,7 +14,9 @@ use super::chat::{collect, usage};
 use super::error::{ApiError, ApiResult};
 use super::fields::Fields;
 use super::generation::{self, Finish, GenEvent, GenRequest, GenSummary, LogprobEntry};
-use super::http::{check_model, ok_json, read_json, sse_done, sse_frame, sse_response, SSE_BUFFER};
+use super::http::{
+    check_model, next_or_gone, ok_json, read_json, sse_done, sse_frame, sse_response, SSE_BUFFER,
+};
 use super::logprobs;
 use super::metrics::Endpoint;
 use super::params::{read_sampling, refuse_n, valid_request};
@@ -145,7 +147,7 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
             }
             sse_frame(None, &c)
         };
-        while let Some(ev) = rx.recv().await {
+        while let Some(ev) = next_or_gone(&mut rx, &tx).await {
             let frame = match ev {
                 GenEvent::Logprob(e) => {
                     pending.push(e);

@@ -23,7 +23,7 @@ use caracal_actors::messages::{
     ErrorKind, MemoryStats, SchedulerStats, SubmitError, TokenEvent, ValidRequest,
 };
 use caracal_actors::runtime::{Engine, EngineConfig};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
 use crate::constrain::ConstraintFactory;
@@ -60,6 +60,9 @@ pub struct EngineHost {
     system: actix::System,
     /// Constrained decoding.
     constraints: ConstraintSetup,
+    /// Constraint compiles in flight (at most `max_waiting_requests`, see
+    /// [`EngineHost::compile_slot`]).
+    compile_slots: Arc<Semaphore>,
     /// The system's thread, joined on drop.
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -94,6 +97,11 @@ impl EngineHost {
         detok: Option<Arc<dyn Detokenize>>,
         constraints: ConstraintSetup,
     ) -> std::io::Result<EngineHost> {
+        let compile_slots = Arc::new(Semaphore::new(
+            cfg.scheduler
+                .max_waiting_requests
+                .clamp(1, Semaphore::MAX_PERMITS),
+        ));
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name("caracal-engine".into())
@@ -111,6 +119,7 @@ impl EngineHost {
             engine,
             system,
             constraints,
+            compile_slots,
             thread: Some(thread),
         })
     }
@@ -133,6 +142,20 @@ impl EngineHost {
             .try_submit_with(request, constraint)
             .map(|s| s.events)
             .map_err(submit_error)
+    }
+
+    /// A slot for compiling one request's output constraint, or
+    /// `overloaded`. A grammar compiles on the blocking pool before the
+    /// request reaches the admission gate, so without this bound a flood
+    /// of requests with tools would queue compiles there without limit,
+    /// only for most of them to be refused afterwards; at most as many
+    /// compile at once as may wait for admission.
+    pub fn compile_slot(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        self.compile_slots.clone().try_acquire_owned().map_err(|_| {
+            ApiError::overloaded(
+                "too many requests are compiling their output constraints; retry shortly",
+            )
+        })
     }
 
     /// Constrained decoding as served.

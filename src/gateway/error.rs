@@ -157,9 +157,10 @@ impl ApiError {
         v
     }
 
-    /// Whether retrying the same request may succeed (SDKs retry 5xx, 429).
+    /// Whether retrying the same request may succeed (SDKs retry 5xx, 429):
+    /// a full engine, shutdown, and every 429 (session slots, a lane's queue).
     pub fn retryable(&self) -> bool {
-        matches!(self.code, "overloaded" | "shutting_down")
+        self.status == 429 || matches!(self.code, "overloaded" | "shutting_down")
     }
 }
 
@@ -192,6 +193,22 @@ pub fn json_response(status: StatusCode, body: &Value) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn full_server_answers_carry_retry_after() {
+        for e in [
+            ApiError::overloaded("full"),
+            ApiError::shutting_down(),
+            crate::gateway::responses::ws::connection_limit(),
+        ] {
+            let resp = e.clone().into_response();
+            assert_eq!(resp.headers()["retry-after"], "1", "{e}");
+            assert!(resp.headers().get("x-should-retry").is_none(), "{e}");
+        }
+        let resp = ApiError::internal("bug").into_response();
+        assert!(resp.headers().get("retry-after").is_none());
+        assert_eq!(resp.headers()["x-should-retry"], "false");
+    }
 
     #[test]
     fn http_and_ws_shapes_carry_type_code_and_param() {

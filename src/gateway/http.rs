@@ -98,18 +98,24 @@ pub fn ok_json(body: &Value) -> Response {
 
 /// Reads a request body up to the configured limit and parses it as a JSON object.
 pub async fn read_json(state: &AppState, body: Body) -> ApiResult<Map<String, Value>> {
+    use axum::body::HttpBody;
     let limit = state.config.max_body_bytes;
+    let too_large = || ApiError {
+        status: 413,
+        kind: "invalid_request_error",
+        code: "body_too_large",
+        param: None,
+        message: format!("the body is larger than the limit of {limit} bytes (--max-body-bytes)"),
+    };
+    // A `Content-Length` past the limit is refused before any of the body
+    // is read (a client that announces 1 GiB and sends nothing gets its
+    // 413 at once instead of holding the connection open).
+    if body.size_hint().lower() > limit as u64 {
+        return Err(too_large());
+    }
     let bytes = axum::body::to_bytes(body, limit)
         .await
-        .map_err(|_| ApiError {
-            status: 413,
-            kind: "invalid_request_error",
-            code: "body_too_large",
-            param: None,
-            message: format!(
-                "the body is larger than the limit of {limit} bytes (--max-body-bytes)"
-            ),
-        })?;
+        .map_err(|_| too_large())?;
     parse_body(&bytes)
 }
 
@@ -125,6 +131,18 @@ pub fn sse_frame(event: Option<&str>, data: &Value) -> Bytes {
 /// The `data: [DONE]` frame.
 pub fn sse_done() -> Bytes {
     Bytes::from_static(b"data: [DONE]\n\n")
+}
+
+/// The next item of `rx`, or `None` as soon as the consumer behind `out`
+/// is gone. A relay that waited on `rx` alone would notice a client that
+/// hung up only at its next send, i.e. after the prompt's whole prefill and
+/// the first token; this returns at once, and dropping `rx` then cancels the
+/// generation within one scheduler step.
+pub async fn next_or_gone<T, U>(rx: &mut mpsc::Receiver<T>, out: &mpsc::Sender<U>) -> Option<T> {
+    tokio::select! {
+        item = rx.recv() => item,
+        () = out.closed() => None,
+    }
 }
 
 /// An SSE response fed by a bounded channel of frames; when the client

@@ -72,8 +72,8 @@ use caracal_media::video::{
 };
 use caracal_media::{DecodeLimits, ImageProcessorConfig, MediaError};
 use serde_json::Value;
-use tokio::sync::Semaphore;
 
+use super::decode_queue::DecodeQueue;
 use super::error::{ApiError, ApiResult};
 use super::AppState;
 use crate::chat::toolcall::{is_video_part, ContentPart, Message, MessageContent};
@@ -107,6 +107,9 @@ pub struct MediaConfig {
     pub max_videos: usize,
     /// Encoded bytes per video (`--max-video-bytes`, default 256 MiB).
     pub max_video_bytes: usize,
+    /// Videos waiting for a decode slot before further ones are refused
+    /// with `overloaded` (`--max-waiting-videos`, default 16).
+    pub max_waiting_videos: usize,
     /// Video decoder limits: sampled frames (`--max-video-frames`, default
     /// 14400), media time (`--max-video-seconds`, default 7200 s), frame size
     /// (the image pixel and side limits); `max_bytes` follows `max_video_bytes`.
@@ -129,6 +132,7 @@ impl MediaConfig {
             max_image_bytes: 20 << 20,
             max_videos: 4,
             max_video_bytes: 256 << 20,
+            max_waiting_videos: 16,
             video: VideoLimits {
                 max_bytes: 256 << 20,
                 ..VideoLimits::default()
@@ -150,8 +154,9 @@ pub struct MediaServices {
     config: MediaConfig,
     /// `<|media_pad|>`.
     placeholder: u32,
-    /// Videos decoding at once (`ingest.threads`); the rest wait their turn.
-    video_slots: Arc<Semaphore>,
+    /// Videos decoding at once (`ingest.threads`) and the bounded line
+    /// in front of them (`max_waiting_videos`).
+    video_slots: DecodeQueue,
 }
 
 impl MediaServices {
@@ -164,7 +169,10 @@ impl MediaServices {
         let ingest = Ingest::start(config.ingest.clone()).map_err(|e| e.to_string())?;
         let encoder = VisionEncoder::start(model.clone(), config.encoder.clone())
             .map_err(|e| e.to_string())?;
-        let video_slots = Arc::new(Semaphore::new(config.ingest.threads.clamp(1, 64)));
+        let video_slots = DecodeQueue::new(
+            config.ingest.threads.clamp(1, 64),
+            config.max_waiting_videos,
+        );
         Ok(Some(MediaServices {
             ingest,
             encoder,
@@ -622,7 +630,8 @@ async fn encode_image(media: &MediaServices, r: &ImageRef) -> ApiResult<EncodedM
 }
 
 /// One video: decoded and sampled at its fps on the blocking pool (at
-/// most `ingest.threads` at once), chunked on the Ingest pool, each chunk
+/// most `ingest.threads` at once, `max_waiting_videos` more waiting, the
+/// rest refused), chunked on the Ingest pool, each chunk
 /// encoded. Returns the chunks' items and their concatenated prompts.
 async fn encode_video(
     media: &MediaServices,
@@ -640,16 +649,18 @@ async fn encode_video(
         ..VideoOptions::default()
     };
     let decoded = {
-        let _slot = media
-            .video_slots
-            .acquire()
-            .await
-            .map_err(|_| ApiError::internal("video decoding has stopped"))?;
-        tokio::task::spawn_blocking(move || match source {
-            Source::Bytes { bytes, mime } => {
-                decode_video_bytes(bytes, container_of(&mime), &options)
+        let place = media.video_slots.enter()?;
+        let turn = media.video_slots.turn(place).await?;
+        // The turn is held by the decode itself, which goes on when the
+        // request is dropped.
+        tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            match source {
+                Source::Bytes { bytes, mime } => {
+                    decode_video_bytes(bytes, container_of(&mime), &options)
+                }
+                Source::File(path) => decode_video_file(path, Container::Auto, &options),
             }
-            Source::File(path) => decode_video_file(path, Container::Auto, &options),
         })
         .await
         .map_err(|e| ApiError::internal(format!("video decoding failed: {e}")))?

@@ -213,6 +213,12 @@ impl Metrics {
             "caracal_inter_token_latency_seconds",
             "Time between consecutive tokens of a stream.",
         );
+        gauge(
+            &mut out,
+            "caracal_engine_up",
+            "1 while the scheduler thread runs (0: it stopped and no request can be served).",
+            u64::from(engine.scheduler.is_some()),
+        );
         if let Some(s) = &engine.scheduler {
             gauge(
                 &mut out,
@@ -252,6 +258,18 @@ impl Metrics {
                 "caracal_kv_pages_used",
                 "KV pages in use (cached or running).",
                 used,
+            );
+            gauge(
+                &mut out,
+                "caracal_kv_pages_cached",
+                "KV pages held by the prefix cache (evictable unless locked).",
+                m.cached_pages as u64,
+            );
+            gauge(
+                &mut out,
+                "caracal_kv_pages_locked",
+                "Cached KV pages locked by running requests or session pins (not evictable).",
+                m.cached_pages.saturating_sub(m.evictable_pages) as u64,
             );
             gauge(
                 &mut out,

@@ -23,10 +23,14 @@
 //! - [`responses`]: `/v1/responses` over HTTP (JSON, SSE) and its WebSocket mode.
 //! - [`realtime`]: `/v1/realtime`, the text subset of the Realtime protocol.
 //! - [`http`]: routing, auth, `/health`, `/v1/models`, `/metrics`, SSE helpers.
+//! - [`conn`]: the accept loop and the request-head timeout.
+//! - [`decode_queue`]: the bounded line of videos waiting to be decoded.
 //! - [`metrics`], [`shutdown`], [`error`], [`fields`], [`upgrade`].
 
 pub mod chat;
 pub mod completions;
+pub mod conn;
+pub mod decode_queue;
 pub mod engine;
 pub mod error;
 pub mod fields;
@@ -42,7 +46,7 @@ pub mod responses;
 pub mod shutdown;
 pub mod upgrade;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,6 +87,10 @@ pub struct GatewayConfig {
     pub ws_idle_timeout: Duration,
     /// Time open work gets to finish after SIGINT/SIGTERM (`--shutdown-timeout`, default 30 s).
     pub shutdown_timeout: Duration,
+    /// An HTTP connection waiting this long for a complete request head
+    /// (fresh, or idle between requests) is closed (`--timeout-keep-alive`,
+    /// default 5 s; `None`: never). WebSocket sessions are not affected.
+    pub head_timeout: Option<Duration>,
 }
 
 impl Default for GatewayConfig {
@@ -100,6 +108,7 @@ impl Default for GatewayConfig {
             ws_max_lanes: 32,
             ws_idle_timeout: Duration::from_secs(3600),
             shutdown_timeout: Duration::from_secs(30),
+            head_timeout: Some(Duration::from_secs(5)),
         }
     }
 }
@@ -198,13 +207,12 @@ impl Gateway {
     ) -> std::io::Result<()> {
         let app = http::router(self.state.clone());
         let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
-        let mut server = tokio::spawn(
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = drain_rx.await;
-                })
-                .into_future(),
-        );
+        let limits = conn::ConnLimits {
+            head_timeout: self.state.config.head_timeout,
+        };
+        let mut server = tokio::spawn(conn::serve(listener, app, limits, async move {
+            let _ = drain_rx.await;
+        }));
         tokio::select! {
             _ = trigger => {}
             r = &mut server => {
@@ -233,6 +241,41 @@ impl Gateway {
             server.abort();
         }
         Ok(())
+    }
+}
+
+/// Raises this process's soft limit on open files to its hard limit (as
+/// nginx's `worker_rlimit_nofile` or Go's runtime do at startup): every
+/// connection, idle or not, holds a descriptor, and the usual soft default
+/// of 1024 would refuse connections long before `--max-sessions` or memory
+/// run out. Returns the soft limit in force afterwards (`None` where the
+/// platform has no such limit or the call failed).
+pub fn raise_fd_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `lim` is a valid, writable rlimit for the duration of the call.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+            return None;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            // SAFETY: `raised` is a valid rlimit; the kernel only reads it.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+                lim = raised;
+            }
+        }
+        Some(lim.rlim_cur)
+    }
+    #[cfg(not(unix))]
+    {
+        None
     }
 }
 

@@ -326,6 +326,7 @@ pub async fn compile_constraint(
         None => return Ok(None),
     };
     let jump_forward = setup.jump_forward;
+    let _slot = state.engine.compile_slot()?;
     let compiled = tokio::task::spawn_blocking(move || factory.compile_boxed(&spec))
         .await
         .map_err(|e| ApiError::internal(format!("compiling the constraint: {e}")))?;

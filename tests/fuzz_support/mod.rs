@@ -13,6 +13,8 @@
 
 #![allow(dead_code)]
 
+pub mod files;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -273,15 +273,11 @@ fn upload_check_rejects_cols_not_a_multiple_of_32_with_a_clear_message() {
     let bf16 = Matrix::from_bf16(3, 40, &[0; 120]);
     let err = check_matrix(&bf16).unwrap_err();
     assert!(err.to_string().contains("multiple of 32, got 40"), "{err}");
-    // A hand-built MXFP4 matrix (its fields are public) with 48 columns.
-    let mx = Matrix {
-        rows: 2,
-        cols: 48,
-        dtype: DType::Mxfp4,
-        data: Storage::from_bytes(&[0; 48]),
-        scales: Some(Storage::from_bytes(&[127; 3])),
-        activations: Activations::F32,
-    };
+    // A hand-altered MXFP4 matrix (its fields are public) with 48 columns.
+    let mut mx = Matrix::quantize_mxfp4(2, 64, &[0.0; 128]).expect("valid shape");
+    mx.cols = 48;
+    mx.data = Storage::from_bytes(&[0; 48]);
+    mx.scales = Some(Storage::from_bytes(&[127; 3]));
     assert!(check_matrix(&mx)
         .unwrap_err()
         .to_string()

@@ -820,7 +820,12 @@ unsafe fn pv_block<S: Simd, const MR: usize, const NC: usize>(
     }
 }
 
+mod decode;
 mod simd;
+pub use decode::{
+    decode_attention_batch, latent_decode_attention_batch, DecodeSeq, DECODE_SPLIT_KEYS,
+    DECODE_TILE,
+};
 use simd::*;
 
 #[cfg(test)]

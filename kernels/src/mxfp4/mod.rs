@@ -853,8 +853,13 @@ fn q8_dot<const MW: usize, const NX: usize>(
     unreachable!("q8_dot is only reached when q8_available()")
 }
 
+pub mod panel;
+#[cfg(target_arch = "x86_64")]
+mod panel_x86;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+#[cfg(test)]
+mod panel_tests;
 #[cfg(test)]
 mod tests;

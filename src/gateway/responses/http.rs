@@ -17,7 +17,9 @@ use super::store::InflightResponses;
 use super::turn::{begin, prepare};
 use super::types::{parse_request, previous_not_found};
 use crate::gateway::error::{ApiError, ApiResult};
-use crate::gateway::http::{ok_json, read_json, sse_done, sse_frame, sse_response, SSE_BUFFER};
+use crate::gateway::http::{
+    next_or_gone, ok_json, read_json, sse_done, sse_frame, sse_response, SSE_BUFFER,
+};
 use crate::gateway::metrics::Endpoint;
 use crate::gateway::AppState;
 
@@ -79,7 +81,7 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
     let (frames_tx, frames) = mpsc::channel::<Bytes>(SSE_BUFFER);
     tokio::spawn(async move {
         let mut custom_items = std::collections::HashSet::new();
-        while let Some(mut ev) = events.recv().await {
+        while let Some(mut ev) = next_or_gone(&mut events, &frames_tx).await {
             if !custom.event(&mut ev, &mut custom_items) {
                 continue;
             }

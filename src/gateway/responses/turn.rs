@@ -14,6 +14,7 @@ use super::types::{prompt_messages, text_format_of, ResponseRequest};
 use crate::chat::toolcall::Message;
 use crate::gateway::error::{ApiError, ApiResult};
 use crate::gateway::generation::{self, GenEvent, GenRequest};
+use crate::gateway::http::next_or_gone;
 use crate::gateway::media;
 use crate::gateway::model::{CachedPrefix, Conversation};
 use crate::gateway::params::{
@@ -171,7 +172,7 @@ impl Running {
             b.created_only()
         };
         let mut alive = send_all(out, first).await;
-        while let Some(ev) = self.rx.recv().await {
+        while let Some(ev) = next_or_gone(&mut self.rx, out).await {
             match ev {
                 GenEvent::Finished(s) => {
                     let b = &mut self.turn.builder;
@@ -227,11 +228,13 @@ impl Running {
                 _ => {}
             }
         }
-        self.failed(
-            out,
-            &ApiError::internal("the generation ended without a result"),
-        )
-        .await
+        let why = if out.is_closed() {
+            // The consumer is gone: dropping the events cancels the generation.
+            "the client went away"
+        } else {
+            "the generation ended without a result"
+        };
+        self.failed(out, &ApiError::internal(why)).await
     }
 
     async fn failed(&mut self, out: &mpsc::Sender<Value>, e: &ApiError) -> Outcome {

@@ -30,7 +30,7 @@ use axum::response::{IntoResponse, Response};
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
@@ -129,7 +129,10 @@ pub struct Session {
     /// This connection's responses, for `previous_response_id`.
     chain: Arc<ResponseStore>,
     /// Lane queues by `stream_id` (`""` is the default lane).
-    lanes: HashMap<String, (mpsc::Sender<(ResponseRequest, CustomTools)>, JoinHandle<()>)>,
+    lanes: HashMap<String, mpsc::Sender<(ResponseRequest, CustomTools)>>,
+    /// The lanes' tasks, joined before the session is closed in the
+    /// engine (dropping the set aborts them).
+    lane_tasks: JoinSet<()>,
     /// Requests queued or running.
     active: Arc<AtomicUsize>,
     /// Holds a `--max-sessions` slot.
@@ -148,6 +151,7 @@ impl Session {
             id: new_id("ws_"),
             chain,
             lanes: HashMap::new(),
+            lane_tasks: JoinSet::new(),
             active: Arc::new(AtomicUsize::new(0)),
             _permit: permit,
         }
@@ -195,9 +199,13 @@ impl Session {
                 Some(Err(_)) => break None,
             }
         };
-        for (_, (_, task)) in self.lanes.drain() {
-            task.abort();
-        }
+        // Every lane has ended before the engine hears of the close: a
+        // request a lane was still submitting is then queued ahead of
+        // `close_session`, which cancels it, and none can finish after the
+        // close and pin the session's path again.
+        self.lanes.clear();
+        self.lane_tasks.abort_all();
+        while self.lane_tasks.join_next().await.is_some() {}
         if let Some((code, reason)) = close {
             let _ = out.send(Outgoing::Close(code, reason)).await;
         }
@@ -209,16 +217,11 @@ impl Session {
 
     /// Shutdown: finish queued and running requests, unless time runs out.
     async fn drain(&mut self, out: &mpsc::Sender<Outgoing>) -> Option<(CloseCode, &'static str)> {
-        let tasks: Vec<JoinHandle<()>> = self
-            .lanes
-            .drain()
-            .map(|(_, (tx, task))| {
-                drop(tx);
-                task
-            })
-            .collect();
+        // Closing the queues lets each lane finish what it holds and end.
+        self.lanes.clear();
         let shutdown = self.state.shutdown.clone();
-        let all = futures::future::join_all(tasks);
+        let tasks = &mut self.lane_tasks;
+        let all = async move { while tasks.join_next().await.is_some() {} };
         tokio::select! {
             _ = all => Some((CloseCode::Away, "server shutting down")),
             _ = shutdown.reached(Phase::Cancel) => {
@@ -316,10 +319,10 @@ impl Session {
                 out: out.clone(),
                 active: self.active.clone(),
             };
-            self.lanes
-                .insert(key.clone(), (tx, tokio::spawn(lane.run(rx))));
+            self.lane_tasks.spawn(lane.run(rx));
+            self.lanes.insert(key.clone(), tx);
         }
-        let (tx, _) = &self.lanes[&key];
+        let tx = &self.lanes[&key];
         self.active.fetch_add(1, Ordering::Relaxed);
         tx.try_send((req, custom)).map_err(|_| {
             self.active.fetch_sub(1, Ordering::Relaxed);

@@ -1,7 +1,7 @@
 //! Grouped-query attention with RoPE over the paged KV cache (LLaMA family).
 
 use caracal_kernels::attention::{write_kv, AttnShape};
-use caracal_kernels::flash::paged_attention_tiled;
+use caracal_kernels::flash::{decode_attention_batch, paged_attention_tiled};
 use caracal_kernels::paged::KvPool;
 use caracal_kernels::rope::Rope;
 use caracal_kernels::Matrix;
@@ -83,6 +83,15 @@ impl GqaAttention {
                 &v[r.start * vw..r.end * vw],
                 s,
             );
+        }
+        // Every decoding sequence (one new token) in one call; prefill
+        // chunks one sequence at a time.
+        let decode = layout.decode_seqs();
+        if !decode.is_empty() {
+            decode_attention_batch(&q, cache, self.kv_layer, &decode, s, scale, &mut out);
+        }
+        for sl in layout.seqs.iter().filter(|sl| sl.len > 1) {
+            let r = sl.row..sl.row + sl.len;
             paged_attention_tiled(
                 &q[r.start * qw..r.end * qw],
                 cache,

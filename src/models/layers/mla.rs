@@ -11,7 +11,9 @@
 //! `KimiMLAAttention`; reference doc §1.4).
 
 use caracal_kernels::activation::sigmoid;
-use caracal_kernels::mla::{mla_attention_absorbed, write_latent, MlaAbsorbed, MlaShape};
+use caracal_kernels::mla::{
+    mla_attention_absorbed, mla_decode_attention_batch, write_latent, MlaAbsorbed, MlaShape,
+};
 use caracal_kernels::paged::KvPool;
 use caracal_kernels::rope::Rope;
 use caracal_kernels::Matrix;
@@ -191,6 +193,25 @@ impl MlaAttention {
                 &k_pe[rr.start * dr..rr.end * dr],
                 s,
             );
+        }
+        // Every decoding sequence (one new token) in one call; prefill
+        // chunks one sequence at a time.
+        let decode = layout.decode_seqs();
+        if !decode.is_empty() {
+            mla_decode_attention_batch(
+                &q_nope,
+                &q_pe,
+                cache,
+                self.kv_layer,
+                &decode,
+                &self.absorbed,
+                s,
+                self.scale,
+                &mut out,
+            );
+        }
+        for sl in layout.seqs.iter().filter(|sl| sl.len > 1) {
+            let rr = sl.row..sl.row + sl.len;
             mla_attention_absorbed(
                 &q_nope[rr.start * h * nope..rr.end * h * nope],
                 &q_pe[rr.start * h * dr..rr.end * h * dr],

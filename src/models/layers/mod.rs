@@ -104,6 +104,20 @@ impl BatchLayout {
         })
     }
 
+    /// The sequences decoding one token this step, for the batched decode
+    /// attention (the others are prefill chunks).
+    pub fn decode_seqs(&self) -> Vec<caracal_kernels::flash::DecodeSeq<'_>> {
+        self.seqs
+            .iter()
+            .filter(|s| s.len == 1)
+            .map(|s| caracal_kernels::flash::DecodeSeq {
+                row: s.row,
+                pos: s.start_pos,
+                block_table: &s.block_table,
+            })
+            .collect()
+    }
+
     /// Rows whose logits were asked for, in batch order.
     pub fn logit_rows(&self) -> Vec<usize> {
         let mut rows = Vec::new();

@@ -1,0 +1,984 @@
+//! Batched decode attention: one call per layer for every decoding sequence
+//! of a step, each with its own position and block table, over f32 or bf16
+//! KV rows read in place from their pages (bf16 is widened in registers, all
+//! sums are f32).
+//!
+//! # Why not the prefill kernel
+//!
+//! [`super::paged_attention_tiled`] puts query rows in the SIMD lanes and
+//! broadcasts one K value per key and dimension. A decode query of a small
+//! GQA group (SmolLM2: 3 query heads per kv head) fills 3 of 8 or 16 lanes,
+//! and a bf16 row must first be widened into a scratch tile. Here **keys sit
+//! in the lanes** of the scores instead, so every vector of the softmax is
+//! full whatever the group size:
+//!
+//! 1. `QK`: for each key the `group` dot products run with head dims in the
+//!    lanes (one load of the K row per `LANES` dims feeds `group` FMAs), and
+//!    `LANES` keys' partial vectors are then reduced together by a transpose
+//!    tree into one vector of `LANES` scores, key `j` in lane `j`.
+//! 2. Online softmax over key tiles of [`DECODE_TILE`] keys: per query head a
+//!    running max `m` and sum `l`; `P = exp(S − m')` with the vectorised exp
+//!    of [`super::simd`], keys in lanes.
+//! 3. `PV`: value dims in the lanes, `O[g] += P[g][j]·V[j]`, a register
+//!    block of `NC` value vectors × up to 6 query heads per pass over the
+//!    tile, with the rescale `α = exp(m − m')` folded into loading `O`.
+//!
+//! MLA latent rows are the case of one kv head whose key is the whole row
+//! `[c | k_pe]` and whose value is its first `v_dim` values.
+//!
+//! # Work items
+//!
+//! A piece is (sequence, kv head, key range). A sequence's keys are split
+//! into `min(⌈2·threads / kv_heads⌉, ⌊ctx / DECODE_SPLIT_KEYS⌋)` ranges (at
+//! least one), merged afterwards with weights `exp(m_s − max m)` as in
+//! flash-decoding. The split depends only on the sequence's own context
+//! length and the thread count, never on the rest of the batch, so a
+//! sequence's output is the same whatever it is batched with. All pieces of
+//! the step run as one rayon parallel loop, so 8 short sequences × 3 kv
+//! heads are 24 pieces spread over every worker.
+
+use rayon::prelude::*;
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use super::simd::{exp, Portable, Simd};
+#[cfg(target_arch = "x86_64")]
+use super::simd::{Avx2, Avx512};
+use crate::attention::AttnShape;
+use crate::cpu::Isa;
+use crate::paged::{KvPool, LayerRows};
+use crate::split::OutPtr;
+
+/// Calls `f::<..., GB>` with the const `GB` equal to `gb` (1..=8).
+macro_rules! with_rows {
+    ($gb:expr, $f:ident::<$($p:tt),*>($($a:expr),*)) => {
+        match $gb {
+            1 => $f::<$($p),*, 1>($($a),*),
+            2 => $f::<$($p),*, 2>($($a),*),
+            3 => $f::<$($p),*, 3>($($a),*),
+            4 => $f::<$($p),*, 4>($($a),*),
+            5 => $f::<$($p),*, 5>($($a),*),
+            6 => $f::<$($p),*, 6>($($a),*),
+            7 => $f::<$($p),*, 7>($($a),*),
+            _ => $f::<$($p),*, 8>($($a),*),
+        }
+    };
+}
+
+/// Keys per online-softmax step: a multiple of 16 (whole score vectors on
+/// every instruction set). The score tile (`group · DECODE_TILE` f32) and
+/// the tile's V rows stay in L1. Range 16..=256, default 64.
+pub const DECODE_TILE: usize = 64;
+
+/// A sequence's keys are only split over threads when every split keeps at
+/// least this many keys, so the merge stays negligible. Default 256.
+pub const DECODE_SPLIT_KEYS: usize = 256;
+
+/// Query heads per kv head from which a decode piece runs with heads in the
+/// lanes ([`Kernel::RowsInLanes`], the prefill kernel's tiles) instead of
+/// keys: 8 heads fill an AVX2 vector. MLA layers (one latent row for 16 to
+/// 128 heads) and GQA groups of 8 take that path. Default 8.
+pub const ROWS_IN_LANES_GROUP: usize = 8;
+
+/// The inner kernel of a decode piece.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kernel {
+    /// Keys in the score lanes (small groups).
+    KeysInLanes,
+    /// Query heads in the lanes (groups of [`ROWS_IN_LANES_GROUP`] or more).
+    RowsInLanes,
+}
+
+/// Most query heads one QK pass keeps accumulators for.
+const QK_ROWS: usize = 8;
+
+/// Most query heads one PV pass keeps accumulators for.
+const PV_ROWS: usize = 6;
+
+/// One decoding sequence of a batch.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeSeq<'a> {
+    /// Row of the sequence's query in `q`, and of its output in `out`.
+    pub row: usize,
+    /// Position of the query: it attends to cached positions `0..=pos`,
+    /// which must already be written.
+    pub pos: usize,
+    /// The sequence's pages, in position order.
+    pub block_table: &'a [u32],
+}
+
+/// GQA decode attention of one query per sequence, every sequence of the
+/// step in one call (see the module docs).
+///
+/// `q` is `[rows, q_heads·head_dim]` and `out` `[rows, q_heads·v_dim]`;
+/// only the rows the sequences name are read and written. Each sequence's
+/// block table must cover `pos + 1` positions.
+///
+/// # Panics
+/// On a shape/pool mismatch, a row out of range or named twice, or a short
+/// block table.
+pub fn decode_attention_batch(
+    q: &[f32],
+    pool: &KvPool,
+    layer: usize,
+    seqs: &[DecodeSeq<'_>],
+    shape: &AttnShape,
+    scale: f32,
+    out: &mut [f32],
+) {
+    decode_with(
+        Isa::best(),
+        q,
+        pool,
+        layer,
+        seqs,
+        shape,
+        false,
+        scale,
+        None,
+        out,
+    );
+}
+
+/// Decode attention over an MLA latent cache in the absorbed form, every
+/// sequence of the step in one call: all `heads` query heads of a sequence
+/// attend to its rows `[c (v_dim) | k_pe]` (key = the whole row, value = its
+/// first `v_dim` values).
+///
+/// `q` is `[rows, heads·pool.width]` (each head `[W_UKᵀ·q_nope | q_pe]`),
+/// `out` is `[rows, heads·v_dim]`; rows and panics as
+/// [`decode_attention_batch`], and also if `v_dim` exceeds the row width.
+#[allow(clippy::too_many_arguments)]
+pub fn latent_decode_attention_batch(
+    q: &[f32],
+    pool: &KvPool,
+    layer: usize,
+    seqs: &[DecodeSeq<'_>],
+    heads: usize,
+    v_dim: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    assert!(
+        v_dim <= pool.width,
+        "latent_decode_attention_batch: v_dim {v_dim} exceeds the row width {}",
+        pool.width
+    );
+    let shape = AttnShape {
+        q_heads: heads,
+        kv_heads: 1,
+        head_dim: pool.width,
+        v_dim,
+    };
+    decode_with(
+        Isa::best(),
+        q,
+        pool,
+        layer,
+        seqs,
+        &shape,
+        true,
+        scale,
+        None,
+        out,
+    );
+}
+
+/// Key splits of a sequence whose query sees `ctx` keys.
+fn splits_for(ctx: usize, kv_heads: usize, threads: usize) -> usize {
+    if threads <= 1 {
+        return 1;
+    }
+    (2 * threads)
+        .div_ceil(kv_heads)
+        .min(ctx / DECODE_SPLIT_KEYS)
+        .max(1)
+}
+
+/// One unit of work.
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    /// Index into the call's sequences.
+    seq: usize,
+    /// Kv head.
+    kvh: usize,
+    /// First key position.
+    k0: usize,
+    /// One past the last key position.
+    k1: usize,
+    /// Partial-result slot, or `None` when the piece is its task's only one
+    /// and writes `out` itself.
+    slot: Option<usize>,
+}
+
+/// Everything a piece reads.
+struct Job<'a> {
+    /// Queries `[rows, q_heads·head_dim]`.
+    q: &'a [f32],
+    /// The cache (page size, row offsets).
+    pool: &'a KvPool,
+    /// Layer of `pool` to read.
+    layer: usize,
+    /// The layer's buffer, read in place.
+    rows: LayerRows<'a>,
+    /// The sequences of the call.
+    seqs: &'a [DecodeSeq<'a>],
+    /// Head layout (one kv head of `pool.width` for latent rows).
+    shape: &'a AttnShape,
+    /// Query heads per kv head.
+    group: usize,
+    /// MLA latent rows (key = whole row, value = its head).
+    latent: bool,
+    /// Score scale.
+    scale: f32,
+}
+
+/// Validates, plans and runs a batched decode call with instruction set
+/// `isa` (narrowed to one the CPU has).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn decode_with(
+    isa: Isa,
+    q: &[f32],
+    pool: &KvPool,
+    layer: usize,
+    seqs: &[DecodeSeq<'_>],
+    shape: &AttnShape,
+    latent: bool,
+    scale: f32,
+    kernel: Option<Kernel>,
+    out: &mut [f32],
+) {
+    assert!(
+        shape.kv_heads > 0 && shape.q_heads.is_multiple_of(shape.kv_heads),
+        "q_heads ({}) must be a positive multiple of kv_heads ({})",
+        shape.q_heads,
+        shape.kv_heads
+    );
+    let (hd, vd) = (shape.head_dim, shape.v_dim);
+    assert!(hd > 0 && vd > 0, "decode_attention_batch: empty heads");
+    let width = if latent { hd } else { shape.row_width() };
+    assert_eq!(
+        pool.width, width,
+        "decode_attention_batch: pool rows have {} values, shape needs {width}",
+        pool.width
+    );
+    let (qw, ow) = (shape.q_heads * hd, shape.q_heads * vd);
+    let mut rows: Vec<usize> = seqs.iter().map(|s| s.row).collect();
+    rows.sort_unstable();
+    assert!(
+        rows.windows(2).all(|w| w[0] != w[1]),
+        "decode_attention_batch: a row is named by two sequences"
+    );
+    if let Some(&last) = rows.last() {
+        assert!(
+            q.len() >= (last + 1) * qw && out.len() >= (last + 1) * ow,
+            "decode_attention_batch: row {last} lies outside q or out"
+        );
+    }
+    for s in seqs {
+        assert!(
+            s.block_table.len() * pool.page_size > s.pos,
+            "decode_attention_batch: block table covers {} positions, need {}",
+            s.block_table.len() * pool.page_size,
+            s.pos + 1
+        );
+    }
+    let group = shape.q_heads / shape.kv_heads;
+    let threads = rayon::current_num_threads();
+    let mut pieces = Vec::new();
+    let mut slots = 0;
+    for (i, s) in seqs.iter().enumerate() {
+        let ctx = s.pos + 1;
+        let splits = splits_for(ctx, shape.kv_heads, threads);
+        let tiles = ctx.div_ceil(DECODE_TILE);
+        for kvh in 0..shape.kv_heads {
+            for sp in 0..splits {
+                let (a, z) = (sp * tiles / splits, (sp + 1) * tiles / splits);
+                let slot = (splits > 1).then(|| {
+                    slots += 1;
+                    slots - 1
+                });
+                pieces.push(Piece {
+                    seq: i,
+                    kvh,
+                    k0: a * DECODE_TILE,
+                    k1: (z * DECODE_TILE).min(ctx),
+                    slot,
+                });
+            }
+        }
+    }
+    // The splits of one (sequence, kv head) are adjacent pieces with
+    // consecutive slots: (first piece, first slot, count) per split task.
+    let mut tasks = Vec::new();
+    let mut i = 0;
+    while i < pieces.len() {
+        let mut j = i + 1;
+        while j < pieces.len() && pieces[j].seq == pieces[i].seq && pieces[j].kvh == pieces[i].kvh {
+            j += 1;
+        }
+        if let Some(s0) = pieces[i].slot {
+            tasks.push((pieces[i], s0, j - i));
+        }
+        i = j;
+    }
+    let job = Job {
+        q,
+        pool,
+        layer,
+        rows: pool.layer_rows(layer),
+        seqs,
+        shape,
+        group,
+        latent,
+        scale,
+    };
+    let isa = if isa.supported() { isa } else { Isa::Portable };
+    let kernel = kernel.unwrap_or(if group >= ROWS_IN_LANES_GROUP {
+        Kernel::RowsInLanes
+    } else {
+        Kernel::KeysInLanes
+    });
+    if kernel == Kernel::RowsInLanes {
+        return rows_in_lanes(isa, &job, &pieces, &tasks, slots, threads, out);
+    }
+    let part_len = group * (2 + vd);
+    let mut parts = vec![0.0f32; slots * part_len];
+    let (out_ptr, part_ptr) = (OutPtr(out.as_mut_ptr()), OutPtr(parts.as_mut_ptr()));
+    let run = |sc: &mut Scratch, p: &Piece| {
+        let sink = match p.slot {
+            // SAFETY: each slot belongs to one piece and lies inside `parts`.
+            Some(s) => Sink::Part(unsafe { part_ptr.get().add(s * part_len) }),
+            None => Sink::Out(out_ptr),
+        };
+        run_piece(isa, &job, p, sc, sink);
+    };
+    if pieces.len() <= 1 || threads <= 1 {
+        let mut sc = Scratch::default();
+        pieces.iter().for_each(|p| run(&mut sc, p));
+    } else {
+        pieces.par_iter().for_each_init(Scratch::default, run);
+    }
+    let parts = &parts;
+    tasks.par_iter().for_each(|&(p, s0, n)| {
+        let chunk = &parts[s0 * part_len..(s0 + n) * part_len];
+        merge(&job, p, chunk, part_len, out_ptr);
+    });
+}
+
+/// Runs the pieces with the prefill kernel's piece code (query heads in
+/// the lanes, see [`super`]): for groups of [`ROWS_IN_LANES_GROUP`] or more
+/// the heads fill a vector, and one vector of `Qᵀ` then feeds many keys per
+/// broadcast, which beats reducing per-key dot products.
+fn rows_in_lanes(
+    isa: Isa,
+    job: &Job<'_>,
+    pieces: &[Piece],
+    tasks: &[(Piece, usize, usize)],
+    slots: usize,
+    threads: usize,
+    out: &mut [f32],
+) {
+    let shape = job.shape;
+    // The tiled kernel's own choice for a tile of `group` rows.
+    let isa = if isa == Isa::Avx512 && job.group <= 8 && Isa::Avx2.supported() {
+        Isa::Avx2
+    } else {
+        isa
+    };
+    let mp = job.group.next_multiple_of(isa.lanes());
+    let part_len = (2 + shape.v_dim) * mp;
+    let ow = shape.q_heads * shape.v_dim;
+    let mut parts = vec![0.0f32; slots * part_len];
+    let (out_ptr, part_ptr) = (OutPtr(out.as_mut_ptr()), OutPtr(parts.as_mut_ptr()));
+    // The tiled kernel's call for one sequence's single query.
+    fn call<'a>(job: &Job<'a>, s: &DecodeSeq<'a>) -> super::Call<'a> {
+        let qw = job.shape.q_heads * job.shape.head_dim;
+        super::Call {
+            q: &job.q[s.row * qw..(s.row + 1) * qw],
+            pool: job.pool,
+            layer: job.layer,
+            block_table: s.block_table,
+            start_pos: s.pos,
+            shape: job.shape,
+            scale: job.scale,
+            latent: job.latent,
+        }
+    }
+    let tile_piece = |p: &Piece| super::Piece {
+        kvh: p.kvh,
+        i0: 0,
+        i1: 1,
+        k0: p.k0,
+        k1: p.k1,
+    };
+    // SAFETY (both pointers): `decode_with` checked that every row lies in
+    // `out` and no row is named twice; each slot lies in `parts` and belongs
+    // to one piece.
+    let row_out = |s: &DecodeSeq<'_>| OutPtr(unsafe { out_ptr.get().add(s.row * ow) });
+    let run = |sc: &mut super::Scratch, p: &Piece| {
+        let s = &job.seqs[p.seq];
+        let sink = match p.slot {
+            Some(k) => super::Sink::Partial(unsafe {
+                std::slice::from_raw_parts_mut(part_ptr.get().add(k * part_len), part_len)
+            }),
+            None => super::Sink::Out(row_out(s)),
+        };
+        super::run_piece(isa, &call(job, s), tile_piece(p), sc, sink);
+    };
+    if pieces.len() <= 1 || threads <= 1 {
+        let mut sc = super::Scratch::default();
+        pieces.iter().for_each(|p| run(&mut sc, p));
+    } else {
+        pieces
+            .par_iter()
+            .for_each_init(super::Scratch::default, run);
+    }
+    let parts = &parts;
+    tasks.par_iter().for_each(|&(p, s0, n)| {
+        let s = &job.seqs[p.seq];
+        let chunk = &parts[s0 * part_len..(s0 + n) * part_len];
+        super::merge_splits(
+            &call(job, s),
+            tile_piece(&p),
+            mp,
+            chunk,
+            part_len,
+            row_out(s),
+        );
+    });
+}
+
+/// Combines the splits of one (sequence, kv head):
+/// `out = Σ w_s·O_s / Σ w_s·l_s` with `w_s = exp(m_s − max m)`.
+fn merge(job: &Job<'_>, p: Piece, parts: &[f32], part_len: usize, out: OutPtr) {
+    let (g, vd, qh) = (job.group, job.shape.v_dim, job.shape.q_heads);
+    let row = job.seqs[p.seq].row;
+    let parts: Vec<&[f32]> = parts.chunks_exact(part_len).collect();
+    let mut acc = vec![0.0f32; vd];
+    for r in 0..g {
+        let mx = parts.iter().map(|s| s[r]).fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f32;
+        acc.fill(0.0);
+        for s in &parts {
+            let w = (s[r] - mx).exp();
+            sum += w * s[g + r];
+            let o = &s[2 * g + r * vd..2 * g + (r + 1) * vd];
+            for (a, &x) in acc.iter_mut().zip(o) {
+                *a += w * x;
+            }
+        }
+        let inv = 1.0 / sum;
+        let h = p.kvh * g + r;
+        for (c, &a) in acc.iter().enumerate() {
+            // SAFETY: (row, head h) belongs to this task alone; `out` holds
+            // the row (checked by `decode_with`).
+            unsafe { *out.get().add((row * qh + h) * vd + c) = a * inv };
+        }
+    }
+}
+
+/// Where a piece puts its result.
+enum Sink {
+    /// Normalise into the caller's `out`.
+    Out(OutPtr),
+    /// Store `[m: group | l: group | O: group·v_dim]` at this slot.
+    Part(*mut f32),
+}
+
+/// Per-job scratch, grown on demand and reused by every piece of the job.
+#[derive(Default)]
+struct Scratch {
+    /// Scaled queries `[group][head_dim rounded up to LANES]`, zero padded.
+    q: Vec<f32>,
+    /// Per-key partial dot products `[group][LANES keys][LANES]`.
+    part: Vec<f32>,
+    /// Scores then probabilities `[group][DECODE_TILE]`.
+    s: Vec<f32>,
+    /// Unnormalised outputs `[group][v_dim rounded up to LANES]`.
+    o: Vec<f32>,
+    /// Per head: running max, running sum, last rescale factor.
+    stats: Vec<f32>,
+    /// Offsets of the tile's K rows (at this kv head) in the layer buffer.
+    koff: Vec<usize>,
+    /// Offsets of the tile's V rows (at this kv head) in the layer buffer.
+    voff: Vec<usize>,
+}
+
+/// Runs one piece with instruction set `isa` on the pool's stored dtype.
+fn run_piece(isa: Isa, job: &Job<'_>, p: &Piece, sc: &mut Scratch, sink: Sink) {
+    macro_rules! go {
+        ($s:ty, $base:expr) => {
+            match $base {
+                LayerRows::F32(b) => piece::<$s, f32>(job, p, sc, b, sink),
+                LayerRows::Bf16(b) => piece::<$s, u16>(job, p, sc, b, sink),
+            }
+        };
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `decode_with` only keeps an ISA the CPU supports.
+        Isa::Avx512 => unsafe { piece_avx512(job, p, sc, sink) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { piece_avx2(job, p, sc, sink) },
+        // SAFETY: the portable build needs no CPU feature.
+        _ => unsafe { go!(Portable, job.rows) },
+    }
+}
+
+/// [`piece`] compiled for AVX-512F.
+///
+/// # Safety
+/// The CPU supports AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn piece_avx512(job: &Job<'_>, p: &Piece, sc: &mut Scratch, sink: Sink) {
+    match job.rows {
+        LayerRows::F32(b) => piece::<Avx512, f32>(job, p, sc, b, sink),
+        LayerRows::Bf16(b) => piece::<Avx512, u16>(job, p, sc, b, sink),
+    }
+}
+
+/// [`piece`] compiled for AVX2 + FMA.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn piece_avx2(job: &Job<'_>, p: &Piece, sc: &mut Scratch, sink: Sink) {
+    match job.rows {
+        LayerRows::F32(b) => piece::<Avx2, f32>(job, p, sc, b, sink),
+        LayerRows::Bf16(b) => piece::<Avx2, u16>(job, p, sc, b, sink),
+    }
+}
+
+/// Attention of one piece (see the module docs).
+///
+/// # Safety
+/// `S`'s instruction set is supported by the CPU; `job` passed the checks of
+/// [`decode_with`] and `p` is one of its pieces; `base` is the layer buffer.
+#[inline(always)]
+unsafe fn piece<S: DecSimd, T: KvElem>(
+    job: &Job<'_>,
+    p: &Piece,
+    sc: &mut Scratch,
+    base: &[T],
+    sink: Sink,
+) {
+    let lanes = S::LANES;
+    let shape = job.shape;
+    let (g, hd, vd, qh) = (job.group, shape.head_dim, shape.v_dim, shape.q_heads);
+    let (hdp, vdp) = (hd.next_multiple_of(lanes), vd.next_multiple_of(lanes));
+    let seq = &job.seqs[p.seq];
+    let pool = job.pool;
+
+    sc.q.clear();
+    sc.q.resize(g * hdp, 0.0);
+    for r in 0..g {
+        let h = p.kvh * g + r;
+        let src = &job.q[(seq.row * qh + h) * hd..(seq.row * qh + h + 1) * hd];
+        for (d, &x) in sc.q[r * hdp..r * hdp + hd].iter_mut().zip(src) {
+            *d = x * job.scale;
+        }
+    }
+    sc.o.clear();
+    sc.o.resize(g * vdp, 0.0);
+    sc.stats.clear();
+    sc.stats.resize(3 * g, 0.0);
+    sc.stats[..g].fill(f32::NEG_INFINITY);
+    if sc.part.len() < g * lanes * lanes {
+        sc.part.resize(g * lanes * lanes, 0.0);
+    }
+    if sc.s.len() < g * DECODE_TILE {
+        sc.s.resize(g * DECODE_TILE, 0.0);
+    }
+    let (k_at, v_at) = if job.latent {
+        (0, 0)
+    } else {
+        let kw = shape.kv_heads * hd;
+        (p.kvh * hd, kw + p.kvh * vd)
+    };
+    let (q, part, s, o) = (
+        sc.q.as_ptr(),
+        sc.part.as_mut_ptr(),
+        sc.s.as_mut_ptr(),
+        sc.o.as_mut_ptr(),
+    );
+    let base = base.as_ptr();
+    let mut j0 = p.k0;
+    while j0 < p.k1 {
+        let j1 = (j0 + DECODE_TILE).min(p.k1);
+        let nk = j1 - j0;
+        sc.koff.clear();
+        sc.voff.clear();
+        for j in j0..j1 {
+            let at = pool.row_offset(seq.block_table, j);
+            sc.koff.push(at + k_at);
+            sc.voff.push(at + v_at);
+        }
+        // Scores, LANES keys at a time, keys in lanes.
+        let mut b = 0;
+        while b < nk {
+            let nb = lanes.min(nk - b);
+            for kk in 0..nb {
+                let k = base.add(sc.koff[b + kk]);
+                let mut r0 = 0;
+                while r0 < g {
+                    let gb = QK_ROWS.min(g - r0);
+                    let (qr, pr) = (q.add(r0 * hdp), part.add((r0 * lanes + kk) * lanes));
+                    with_rows!(gb, qk_key::<S, T>(qr, hdp, hd, k, pr, lanes * lanes));
+                    r0 += gb;
+                }
+            }
+            for r in 0..g {
+                let dst = s.add(r * DECODE_TILE + b);
+                S::store(dst, S::reduce(part.add(r * lanes * lanes)));
+                for kk in nb..lanes {
+                    *dst.add(kk) = f32::NEG_INFINITY;
+                }
+            }
+            b += lanes;
+        }
+        // Online softmax per head.
+        let nv = nk.div_ceil(lanes);
+        let (m, l, alpha) = (
+            sc.stats.as_mut_ptr(),
+            sc.stats.as_mut_ptr().add(g),
+            sc.stats.as_mut_ptr().add(2 * g),
+        );
+        for r in 0..g {
+            let row = s.add(r * DECODE_TILE);
+            let mut vmax = S::splat(f32::NEG_INFINITY);
+            for v in 0..nv {
+                vmax = S::max(vmax, S::load(row.add(v * lanes)));
+            }
+            let m_old = *m.add(r);
+            let m_new = m_old.max(hmax::<S>(vmax));
+            let shift = S::splat(m_new);
+            let mut sum = S::zero();
+            for v in 0..nv {
+                let e = exp::<S>(S::sub(S::load(row.add(v * lanes)), shift));
+                S::store(row.add(v * lanes), e);
+                sum = S::add(sum, e);
+            }
+            // The first tile has m_old = −∞: α = 0 and l, O start from 0.
+            let a = if m_old == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (m_old - m_new).exp()
+            };
+            *alpha.add(r) = a;
+            *l.add(r) = *l.add(r) * a + hsum::<S>(sum);
+            *m.add(r) = m_new;
+        }
+        // O = α·O + P·V, value dims in lanes.
+        pv_tile::<S, T>(s, nk, base, &sc.voff, vd, vdp, g, o, alpha);
+        j0 = j1;
+    }
+
+    let stats = &sc.stats;
+    match sink {
+        Sink::Out(out) => {
+            for r in 0..g {
+                let inv = 1.0 / stats[g + r];
+                let h = p.kvh * g + r;
+                // SAFETY: this piece is the only writer of (row, head h).
+                let dst = out.get().add((seq.row * qh + h) * vd);
+                for c in 0..vd {
+                    *dst.add(c) = *o.add(r * vdp + c) * inv;
+                }
+            }
+        }
+        Sink::Part(dst) => {
+            std::ptr::copy_nonoverlapping(stats.as_ptr(), dst, 2 * g);
+            for r in 0..g {
+                std::ptr::copy_nonoverlapping(o.add(r * vdp), dst.add(2 * g + r * vd), vd);
+            }
+        }
+    }
+}
+
+/// Partial dot products of `GB` query heads with one key: for head `r`,
+/// stores the `LANES`-wide vector of per-lane sums at `part + r·stride`.
+///
+/// # Safety
+/// `q` holds `GB` rows of `hdp` values; `k` has `hd` readable values.
+#[inline(always)]
+unsafe fn qk_key<S: DecSimd, T: KvElem, const GB: usize>(
+    q: *const f32,
+    hdp: usize,
+    hd: usize,
+    k: *const T,
+    part: *mut f32,
+    stride: usize,
+) {
+    let lanes = S::LANES;
+    let mut acc = [S::zero(); GB];
+    let full = hd / lanes;
+    for c in 0..full {
+        let kv = T::load::<S>(k.add(c * lanes));
+        for (r, a) in acc.iter_mut().enumerate() {
+            *a = S::fma(kv, S::load(q.add(r * hdp + c * lanes)), *a);
+        }
+    }
+    if full * lanes < hd {
+        let kv = T::load_part::<S>(k.add(full * lanes), hd - full * lanes);
+        for (r, a) in acc.iter_mut().enumerate() {
+            *a = S::fma(kv, S::load(q.add(r * hdp + full * lanes)), *a);
+        }
+    }
+    for (r, &a) in acc.iter().enumerate() {
+        S::store(part.add(r * stride), a);
+    }
+}
+
+/// `O[r] = α[r]·O[r] + Σ_j P[r][j]·V[j]` over the `nk` keys of a tile, for
+/// every head `r < g`.
+///
+/// # Safety
+/// `p` is `[g][DECODE_TILE]`, `o` `[g][vdp]`, `alpha` `g`; every `voff`
+/// names `vd` readable values of `base`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn pv_tile<S: DecSimd, T: KvElem>(
+    p: *const f32,
+    nk: usize,
+    base: *const T,
+    voff: &[usize],
+    vd: usize,
+    vdp: usize,
+    g: usize,
+    o: *mut f32,
+    alpha: *const f32,
+) {
+    let lanes = S::LANES;
+    let chunks = vd.div_ceil(lanes);
+    let nc = if S::WIDE { 4 } else { 2 };
+    let mut c = 0;
+    while c < chunks {
+        let step = nc.min(chunks - c);
+        let mut r0 = 0;
+        while r0 < g {
+            let gb = PV_ROWS.min(g - r0);
+            let (pr, or, ar) = (p.add(r0 * DECODE_TILE), o.add(r0 * vdp), alpha.add(r0));
+            let args = PvArgs {
+                p: pr,
+                nk,
+                base,
+                voff,
+                c0: c * lanes,
+                vd,
+                vdp,
+                o: or,
+                alpha: ar,
+            };
+            match step {
+                4 => with_rows!(gb, pv_block::<S, T, 4>(&args)),
+                3 => with_rows!(gb, pv_block::<S, T, 3>(&args)),
+                2 => with_rows!(gb, pv_block::<S, T, 2>(&args)),
+                _ => with_rows!(gb, pv_block::<S, T, 1>(&args)),
+            }
+            r0 += gb;
+        }
+        c += step;
+    }
+}
+
+/// The arguments of one [`pv_block`].
+struct PvArgs<'a, T> {
+    /// Probabilities of the block's first head, rows `DECODE_TILE` apart.
+    p: *const f32,
+    /// Keys in the tile.
+    nk: usize,
+    /// The layer buffer.
+    base: *const T,
+    /// V row offsets of the tile's keys.
+    voff: &'a [usize],
+    /// First value dim of the block.
+    c0: usize,
+    /// Value dims of a head.
+    vd: usize,
+    /// Row stride of `o`.
+    vdp: usize,
+    /// Output rows of the block's first head.
+    o: *mut f32,
+    /// Rescale factors of the block's heads.
+    alpha: *const f32,
+}
+
+/// `NC` value vectors from `c0` × `GB` heads of [`pv_tile`], accumulators in
+/// registers across the tile. The last vector of a head may be partial
+/// (`vd` not a multiple of `LANES`): its V values are loaded zero-padded.
+///
+/// # Safety
+/// As [`pv_tile`], with `c0 + (NC − 1)·LANES < vd`.
+#[inline(always)]
+unsafe fn pv_block<S: DecSimd, T: KvElem, const NC: usize, const GB: usize>(a: &PvArgs<'_, T>) {
+    let lanes = S::LANES;
+    let al: [S::V; GB] = std::array::from_fn(|r| S::splat(*a.alpha.add(r)));
+    let mut acc: [[S::V; NC]; GB] = std::array::from_fn(|r| {
+        std::array::from_fn(|c| S::mul(S::load(a.o.add(r * a.vdp + a.c0 + c * lanes)), al[r]))
+    });
+    let tail = a.c0 + NC * lanes > a.vd;
+    for jj in 0..a.nk {
+        let vp = a.base.add(a.voff[jj] + a.c0);
+        let v: [S::V; NC] = std::array::from_fn(|c| {
+            if tail && c == NC - 1 {
+                T::load_part::<S>(vp.add(c * lanes), a.vd - a.c0 - c * lanes)
+            } else {
+                T::load::<S>(vp.add(c * lanes))
+            }
+        });
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let pr = S::splat(*a.p.add(r * DECODE_TILE + jj));
+            for (x, &vc) in acc_r.iter_mut().zip(&v) {
+                *x = S::fma(pr, vc, *x);
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        for (c, &x) in acc_r.iter().enumerate() {
+            S::store(a.o.add(r * a.vdp + a.c0 + c * lanes), x);
+        }
+    }
+}
+
+/// Largest lane.
+#[inline(always)]
+unsafe fn hmax<S: Simd>(v: S::V) -> f32 {
+    let mut buf = [0.0f32; 16];
+    S::store(buf.as_mut_ptr(), v);
+    buf[..S::LANES]
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// Sum of the lanes.
+#[inline(always)]
+unsafe fn hsum<S: Simd>(v: S::V) -> f32 {
+    let mut buf = [0.0f32; 16];
+    S::store(buf.as_mut_ptr(), v);
+    buf[..S::LANES].iter().sum()
+}
+
+/// A stored KV value type, loaded into f32 vectors.
+trait KvElem: Copy {
+    /// `LANES` values widened to f32.
+    unsafe fn load<S: DecSimd>(p: *const Self) -> S::V;
+    /// `n < LANES` values widened to f32, the other lanes 0.
+    unsafe fn load_part<S: DecSimd>(p: *const Self, n: usize) -> S::V;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    unsafe fn load<S: DecSimd>(p: *const f32) -> S::V {
+        S::load(p)
+    }
+    #[inline(always)]
+    unsafe fn load_part<S: DecSimd>(p: *const f32, n: usize) -> S::V {
+        let mut buf = [0.0f32; 16];
+        std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+        S::load(buf.as_ptr())
+    }
+}
+
+impl KvElem for u16 {
+    #[inline(always)]
+    unsafe fn load<S: DecSimd>(p: *const u16) -> S::V {
+        S::load_bf16(p)
+    }
+    #[inline(always)]
+    unsafe fn load_part<S: DecSimd>(p: *const u16, n: usize) -> S::V {
+        let mut buf = [0u16; 16];
+        std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+        S::load_bf16(buf.as_ptr())
+    }
+}
+
+/// The two operations the decode kernel needs beyond [`Simd`].
+pub(super) trait DecSimd: Simd {
+    /// `LANES` bf16 values widened to f32 (exact: a bf16 is the high half
+    /// of an f32).
+    unsafe fn load_bf16(p: *const u16) -> Self::V;
+    /// Reads `LANES` vectors of `LANES` values (vector `j` at
+    /// `p + j·LANES`) and returns the vector whose lane `j` is the sum of
+    /// vector `j`'s lanes.
+    unsafe fn reduce(p: *const f32) -> Self::V;
+}
+
+/// Sum of each of 8 vectors into one lane each (lane `j` = Σ `v[j]`).
+///
+/// # Safety
+/// The CPU supports AVX.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+unsafe fn reduce8(v: [__m256; 8]) -> __m256 {
+    let t0 = _mm256_hadd_ps(v[0], v[1]);
+    let t1 = _mm256_hadd_ps(v[2], v[3]);
+    let t2 = _mm256_hadd_ps(v[4], v[5]);
+    let t3 = _mm256_hadd_ps(v[6], v[7]);
+    // Per 128-bit half: [Σv0, Σv1, Σv2, Σv3] of that half's lanes.
+    let u0 = _mm256_hadd_ps(t0, t1);
+    let u1 = _mm256_hadd_ps(t2, t3);
+    let lo = _mm256_permute2f128_ps::<0x20>(u0, u1);
+    let hi = _mm256_permute2f128_ps::<0x31>(u0, u1);
+    _mm256_add_ps(lo, hi)
+}
+
+#[cfg(target_arch = "x86_64")]
+impl DecSimd for Avx512 {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load_bf16(p: *const u16) -> __m512 {
+        let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn reduce(p: *const f32) -> __m512 {
+        // Halve each vector to 8 lanes, then two 8-vector reductions.
+        let half = |j: usize| {
+            let v = _mm512_loadu_ps(p.add(16 * j));
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            _mm256_add_ps(_mm512_castps512_ps256(v), hi)
+        };
+        let lo = reduce8(std::array::from_fn(half));
+        let hi = reduce8(std::array::from_fn(|j| half(j + 8)));
+        let wide = _mm512_castps_pd(_mm512_castps256_ps512(lo));
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(wide, _mm256_castps_pd(hi)))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl DecSimd for Avx2 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load_bf16(p: *const u16) -> __m256 {
+        let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn reduce(p: *const f32) -> __m256 {
+        reduce8(std::array::from_fn(|j| _mm256_loadu_ps(p.add(8 * j))))
+    }
+}
+
+impl DecSimd for Portable {
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const u16) -> [f32; 8] {
+        std::array::from_fn(|i| f32::from_bits((*p.add(i) as u32) << 16))
+    }
+    #[inline(always)]
+    unsafe fn reduce(p: *const f32) -> [f32; 8] {
+        std::array::from_fn(|j| (0..8).map(|i| *p.add(8 * j + i)).sum())
+    }
+}
+
+#[cfg(test)]
+#[path = "decode_tests.rs"]
+mod tests;

@@ -1,0 +1,344 @@
+//! Tests of the batched decode attention against the per-sequence tiled
+//! kernel ([`super::super::paged_attention_tiled`], itself tested against
+//! f64 references) and the f64 [`dense_attention`], with every instruction
+//! set this CPU supports, on f32 and bf16 pools.
+//!
+//! Tolerance: `2e-5 · max|out|` of the reference, per element (f32
+//! accumulation over up to ~2,000 keys of O(1) values; both kernels read the
+//! same stored rows, so bf16 rounding does not enter the comparison).
+
+use super::*;
+use crate::attention::dense_attention;
+use crate::dtype::round_to_bf16;
+use crate::flash::{latent_attention_tiled, paged_attention_tiled};
+use crate::paged::KvDtype;
+use crate::testing::values;
+
+/// Every instruction set this CPU can run.
+fn isas() -> Vec<Isa> {
+    Isa::ALL.into_iter().filter(|&i| i.supported()).collect()
+}
+
+/// Every (instruction set, inner kernel) pair this CPU can run: both
+/// kernels are checked on every shape, whichever the call would pick.
+fn runs() -> Vec<(Isa, Kernel)> {
+    isas()
+        .into_iter()
+        .flat_map(|i| [(i, Kernel::KeysInLanes), (i, Kernel::RowsInLanes)])
+        .collect()
+}
+
+/// Asserts `got` is within `rel · max|want|` of `want`, element-wise.
+fn assert_close(got: &[f32], want: &[f32], rel: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let tol = rel * want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: element {i}: {g} vs {w} (tol {tol})"
+        );
+    }
+}
+
+/// A batch of sequences in one pool: per sequence its K/V (`[ctx, ·]`, as
+/// written), its block table (pages drawn from one shuffled list, so tables
+/// interleave), its query row and its query.
+struct Batch {
+    pool: KvPool,
+    tables: Vec<Vec<u32>>,
+    keys: Vec<Vec<f32>>,
+    vals: Vec<Vec<f32>>,
+    rows: Vec<usize>,
+    ctx: Vec<usize>,
+    /// `[rows, q_heads·head_dim]`; rows no sequence names hold garbage.
+    q: Vec<f32>,
+}
+
+/// Builds a batch with contexts `ctx` (the query of sequence `i` sits at
+/// position `ctx[i] − 1`); `kw`/`vw` values per K/V row (`vw = 0` for latent
+/// rows), queries `qw` wide.
+#[allow(clippy::too_many_arguments)]
+fn batch(
+    ctx: &[usize],
+    kw: usize,
+    vw: usize,
+    qw: usize,
+    page: usize,
+    dtype: KvDtype,
+    seed: u64,
+) -> Batch {
+    let pages: Vec<usize> = ctx.iter().map(|c| c.div_ceil(page)).collect();
+    let total: usize = pages.iter().sum::<usize>() + 3;
+    let mut ids: Vec<u32> = (0..total as u32).collect();
+    let r = values(seed, total);
+    for i in (1..total).rev() {
+        let j = ((r[i] + 1.0) * 0.5 * (i + 1) as f32) as usize;
+        ids.swap(i, j.min(i));
+    }
+    let mut pool = KvPool::with_dtype(2, total, page, kw + vw, dtype);
+    let (mut tables, mut keys, mut vals) = (Vec::new(), Vec::new(), Vec::new());
+    let mut at = 0;
+    for (i, (&c, &np)) in ctx.iter().zip(&pages).enumerate() {
+        let table = ids[at..at + np].to_vec();
+        at += np;
+        let k = values(seed + 10 * i as u64 + 1, c * kw);
+        let v = values(seed + 10 * i as u64 + 2, c * vw);
+        for p in 0..c {
+            pool.write_row(
+                1,
+                &table,
+                p,
+                &[&k[p * kw..(p + 1) * kw], &v[p * vw..(p + 1) * vw]],
+            );
+        }
+        tables.push(table);
+        keys.push(k);
+        vals.push(v);
+    }
+    // Rows in reverse order with a gap, so row ≠ sequence index.
+    let n = ctx.len();
+    let rows: Vec<usize> = (0..n).map(|i| n - i).collect();
+    let q: Vec<f32> = values(seed + 5, (n + 1) * qw)
+        .iter()
+        .map(|x| x * 3.0)
+        .collect();
+    Batch {
+        pool,
+        tables,
+        keys,
+        vals,
+        rows,
+        ctx: ctx.to_vec(),
+        q,
+    }
+}
+
+impl Batch {
+    /// The call's sequences.
+    fn seqs(&self) -> Vec<DecodeSeq<'_>> {
+        (0..self.ctx.len())
+            .map(|i| DecodeSeq {
+                row: self.rows[i],
+                pos: self.ctx[i] - 1,
+                block_table: &self.tables[i],
+            })
+            .collect()
+    }
+}
+
+/// Context lengths of the GQA tests: one key, partial and whole tiles and
+/// vectors, and lengths long enough to split on two or more threads.
+const CONTEXTS: &[usize] = &[1, 5, 17, 64, 65, 300, 700, 1100];
+
+/// Checks every sequence of a GQA batch against the tiled kernel run on
+/// that sequence alone, and against f64 dense attention.
+fn check_gqa(shape: AttnShape, page: usize, dtype: KvDtype, seed: u64) {
+    let (kw, vw, qw, ow) = (
+        shape.kv_heads * shape.head_dim,
+        shape.kv_heads * shape.v_dim,
+        shape.q_heads * shape.head_dim,
+        shape.q_heads * shape.v_dim,
+    );
+    let b = batch(CONTEXTS, kw, vw, qw, page, dtype, seed);
+    let scale = 1.0 / (shape.head_dim as f32).sqrt();
+    let seqs = b.seqs();
+    for (isa, kernel) in runs() {
+        let mut out = vec![f32::NAN; (seqs.len() + 1) * ow];
+        decode_with(
+            isa,
+            &b.q,
+            &b.pool,
+            1,
+            &seqs,
+            &shape,
+            false,
+            scale,
+            Some(kernel),
+            &mut out,
+        );
+        assert!(
+            out[..ow].iter().all(|x| x.is_nan()),
+            "a row no sequence names was written"
+        );
+        for (i, s) in seqs.iter().enumerate() {
+            let what = format!(
+                "{isa:?} {kernel:?} {dtype:?} {shape:?} page {page} ctx {}",
+                b.ctx[i]
+            );
+            let q = &b.q[s.row * qw..(s.row + 1) * qw];
+            let got = &out[s.row * ow..(s.row + 1) * ow];
+            let mut tiled = vec![0.0; ow];
+            paged_attention_tiled(
+                q,
+                &b.pool,
+                1,
+                s.block_table,
+                s.pos,
+                &shape,
+                scale,
+                &mut tiled,
+            );
+            assert_close(got, &tiled, 2e-5, &format!("vs tiled {what}"));
+            let (mut k, mut v) = (b.keys[i].clone(), b.vals[i].clone());
+            if dtype == KvDtype::Bf16 {
+                round_to_bf16(&mut k);
+                round_to_bf16(&mut v);
+            }
+            let mut want = vec![0.0; ow];
+            dense_attention(q, &k, &v, 1, b.ctx[i], &shape, scale, &mut want);
+            assert_close(got, &want, 2e-5, &format!("vs dense {what}"));
+        }
+    }
+}
+
+/// A head layout.
+fn shape(q_heads: usize, kv_heads: usize, head_dim: usize, v_dim: usize) -> AttnShape {
+    AttnShape {
+        q_heads,
+        kv_heads,
+        head_dim,
+        v_dim,
+    }
+}
+
+#[test]
+fn batched_decode_equals_per_sequence_tiled_for_smollm2_heads() {
+    for dtype in [KvDtype::Bf16, KvDtype::F32] {
+        check_gqa(shape(9, 3, 64, 64), 16, dtype, 100);
+    }
+}
+
+#[test]
+fn batched_decode_equals_per_sequence_tiled_for_groups_1_and_8() {
+    check_gqa(shape(4, 4, 32, 32), 7, KvDtype::Bf16, 200);
+    check_gqa(shape(16, 2, 128, 128), 16, KvDtype::Bf16, 300);
+}
+
+#[test]
+fn batched_decode_handles_head_dims_off_the_vector_width() {
+    // head_dim 20 and v_dim 12: partial vectors in QK and PV.
+    check_gqa(shape(6, 2, 20, 12), 5, KvDtype::Bf16, 400);
+    check_gqa(shape(14, 1, 72, 40), 3, KvDtype::F32, 500);
+}
+
+#[test]
+fn batched_latent_decode_equals_per_sequence_tiled() {
+    // (heads, row width r + dr, v_dim = r): a K3-like 16 heads over rows
+    // of 64 + 16, and an odd row of 36 + 10.
+    for (n, (heads, width, vd)) in [(16usize, 80usize, 64usize), (5, 46, 36)]
+        .into_iter()
+        .enumerate()
+    {
+        for dtype in [KvDtype::Bf16, KvDtype::F32] {
+            let seed = 600 + 50 * n as u64;
+            let qw = heads * width;
+            let b = batch(CONTEXTS, width, 0, qw, 16, dtype, seed);
+            let seqs = b.seqs();
+            let scale = 1.0 / (width as f32).sqrt();
+            let ow = heads * vd;
+            for (isa, kernel) in runs() {
+                let mut out = vec![f32::NAN; (seqs.len() + 1) * ow];
+                let s = AttnShape {
+                    q_heads: heads,
+                    kv_heads: 1,
+                    head_dim: width,
+                    v_dim: vd,
+                };
+                decode_with(
+                    isa,
+                    &b.q,
+                    &b.pool,
+                    1,
+                    &seqs,
+                    &s,
+                    true,
+                    scale,
+                    Some(kernel),
+                    &mut out,
+                );
+                for (i, sq) in seqs.iter().enumerate() {
+                    let what = format!(
+                        "{isa:?} {kernel:?} {dtype:?} latent {heads}×{width} ctx {}",
+                        b.ctx[i]
+                    );
+                    let q = &b.q[sq.row * qw..(sq.row + 1) * qw];
+                    let mut tiled = vec![0.0; ow];
+                    latent_attention_tiled(
+                        q,
+                        &b.pool,
+                        1,
+                        sq.block_table,
+                        sq.pos,
+                        heads,
+                        vd,
+                        scale,
+                        &mut tiled,
+                    );
+                    let got = &out[sq.row * ow..(sq.row + 1) * ow];
+                    assert_close(got, &tiled, 2e-5, &what);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_sequence_decodes_bit_identically_alone_or_batched() {
+    let s = shape(9, 3, 64, 64);
+    let (kw, qw, ow) = (3 * 64, 9 * 64, 9 * 64);
+    let b = batch(CONTEXTS, kw, kw, qw, 16, KvDtype::Bf16, 700);
+    let seqs = b.seqs();
+    let mut all = vec![0.0; (seqs.len() + 1) * ow];
+    decode_attention_batch(&b.q, &b.pool, 1, &seqs, &s, 0.125, &mut all);
+    for sq in &seqs {
+        let mut alone = vec![0.0; (seqs.len() + 1) * ow];
+        decode_attention_batch(&b.q, &b.pool, 1, &[*sq], &s, 0.125, &mut alone);
+        let r = sq.row * ow..(sq.row + 1) * ow;
+        assert_eq!(alone[r.clone()], all[r], "row {}", sq.row);
+    }
+}
+
+#[test]
+fn key_splits_merge_to_the_unsplit_result() {
+    // Eight threads split the 1,100-key sequence in 4 (256 keys each at
+    // least), one thread does not split at all.
+    let s = shape(9, 3, 64, 64);
+    let (kw, qw, ow) = (3 * 64, 9 * 64, 9 * 64);
+    let b = batch(&[1100, 700], kw, kw, qw, 16, KvDtype::Bf16, 800);
+    let seqs = b.seqs();
+    assert_eq!(splits_for(1100, 3, 8), 4);
+    assert_eq!(splits_for(1100, 3, 1), 1);
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a rayon pool");
+        let mut out = vec![0.0; 3 * ow];
+        pool.install(|| decode_attention_batch(&b.q, &b.pool, 1, &seqs, &s, 0.125, &mut out));
+        out
+    };
+    let (one, eight) = (run(1), run(8));
+    assert_close(&eight[ow..], &one[ow..], 2e-5, "8 threads vs 1");
+}
+
+#[test]
+#[should_panic(expected = "named by two sequences")]
+fn a_row_named_twice_panics() {
+    let s = shape(2, 1, 16, 16);
+    let b = batch(&[3, 4], 16, 16, 32, 4, KvDtype::F32, 900);
+    let mut seqs = b.seqs();
+    seqs[1].row = seqs[0].row;
+    let mut out = vec![0.0; 3 * 32];
+    decode_attention_batch(&b.q, &b.pool, 1, &seqs, &s, 1.0, &mut out);
+}
+
+#[test]
+#[should_panic(expected = "block table covers")]
+fn a_short_block_table_panics() {
+    let s = shape(2, 1, 16, 16);
+    let b = batch(&[3, 4], 16, 16, 32, 4, KvDtype::F32, 901);
+    let mut seqs = b.seqs();
+    seqs[0].pos = 9;
+    let mut out = vec![0.0; 3 * 32];
+    decode_attention_batch(&b.q, &b.pool, 1, &seqs, &s, 1.0, &mut out);
+}

@@ -1,0 +1,514 @@
+//! # MXFP4 weights repacked into panels, and their int8-activation GEMM
+//!
+//! [`super::matmul_mxfp4_q8`] reads the checkpoint's row layout and multiplies
+//! two weight rows by four activation rows per step: fine for decode, but at
+//! prefill every weight byte is unpacked once per four tokens and every
+//! activation block once per two weight rows, so the unpacking, not the
+//! integer dot products, bounds it. [`Panels`] is the layout a GEMM
+//! microkernel wants instead, built once when a matrix is loaded:
+//!
+//! - A panel holds [`PANEL_ROWS`] = 16 consecutive output rows. Per 32-element
+//!   block it stores 4 lines of 64 bytes; byte `4r + j` of line `v` holds, in
+//!   its low nibble, the code of element `4v + j` of row `r` and, in its high
+//!   nibble, element `16 + 4v + j`. One 64-byte load and a `vpermb` lookup
+//!   therefore give the doubled E2M1 values (plus 12, unsigned) of four
+//!   consecutive elements for all 16 rows: the unsigned operand of
+//!   `vpdpbusd`, whose signed operand is four activation bytes broadcast to
+//!   every lane. The E8M0 scales of the 16 rows of a block follow as 16 bytes.
+//!   A last, partial panel is padded with zero codes and scale 2⁰.
+//!   The panels take exactly as many bytes as the row layout (4.25 bits per
+//!   weight, plus the padding of the last panel).
+//! - Activations are rounded to int8 per 32-element block once per call
+//!   (llama.cpp's Q8 scheme: `d = amax/127`, `q = round(x/d)`), kept in their
+//!   natural order, with `d/2` (the weights are doubled) and `−12·Σq` (which
+//!   takes back the +12 offset of the weights) per block.
+//! - The microkernel holds an `MR × 16` tile: per block, one int32
+//!   accumulator per activation row starts at `−12·Σq`, takes 8 `vpdpbusd`,
+//!   is converted to f32 and added into the row's f32 accumulator times
+//!   `scale(w) · d/2`. Panels are split over the rayon pool; each task runs
+//!   all activation rows against its panels, which stay in L1/L2 while the
+//!   rows stream past.
+//!
+//! Kernels ([`PanelKernel`]): AVX-512 F/BW/VNNI/VBMI, AVX2 (`vpmaddubsw` +
+//! `vpmaddwd`, exact since `24·127·2 < 2¹⁵`) and portable Rust. All three do
+//! the same integer sums and the same f32 operations per output, so their
+//! results are bit-identical; the error against the exact product is the
+//! bound stated on [`super::matmul_mxfp4_q8`].
+
+use rayon::prelude::*;
+
+use super::{check_layout, BLOCK_BYTES, BLOCK_ELEMS, E2M1_X2_U8, E8M0_TABLE, ZERO_BLOCK_SCALE};
+use crate::error::Result;
+use crate::split::{for_row_ranges, OutPtr};
+
+/// Output rows per panel: one 512-bit register of int32 lanes.
+pub const PANEL_ROWS: usize = 16;
+
+/// Packed code bytes of one panel block (16 rows × 16 bytes).
+const PANEL_BLOCK_BYTES: usize = PANEL_ROWS * BLOCK_BYTES;
+
+/// Activation rows per AVX-512 tile: 8 int32 and 8 f32 accumulators plus
+/// the weights fit the 32 registers. A sweep of 4–12 on the (shared, 2-core)
+/// Sapphire Rapids host at 512 rows (`mxfp4_prefill -- sweep`) put 8 at or
+/// near the top on every SmolLM2 shape; 12 lost up to 2× at 2 threads.
+const MR_AVX512: usize = 8;
+
+/// The tallest tile [`Panels::matmul_tiled`] runs.
+pub const MAX_TILE_ROWS: usize = 12;
+
+/// Activation rows per AVX2 tile (16 ymm registers: 4 int32 and 4 f32
+/// accumulators, two weight halves, constants).
+const MR_AVX2: usize = 2;
+
+/// Minimum multiply-adds per rayon task (~1 µs of task overhead is then
+/// negligible).
+const MIN_TASK_MACS: usize = 1 << 20;
+
+/// One 64-byte, 64-byte-aligned line of panel codes.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// An MXFP4 `[rows, cols]` matrix in panel layout (see the [module docs](self)).
+#[derive(Clone)]
+pub struct Panels {
+    /// Output features.
+    rows: usize,
+    /// Input features (a multiple of 32).
+    cols: usize,
+    /// Blocks per row (`cols / 32`).
+    nb: usize,
+    /// Codes, `[panels, nb, 4 lines]`.
+    codes: Vec<Line>,
+    /// E8M0 scales, `[panels, nb, 16]`.
+    scales: Vec<u8>,
+    /// Per panel: whether a scale byte is 0 or 255, which do not decode as
+    /// `e << 23` (the kernels then take the exact path for that panel).
+    special: Vec<bool>,
+}
+
+impl std::fmt::Debug for Panels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Panels([{}, {}])", self.rows, self.cols)
+    }
+}
+
+/// Code `e` (0..32) of block `b` of a row-layout row.
+fn code(row_blocks: &[u8], b: usize, e: usize) -> u8 {
+    (row_blocks[b * BLOCK_BYTES + e / 2] >> (4 * (e & 1))) & 0xF
+}
+
+impl Panels {
+    /// Repacks a row-layout matrix (`blocks [rows, cols/32, 16]`, `scales
+    /// [rows, cols/32]`, see [`super`]).
+    pub fn pack(blocks: &[u8], scales: &[u8], rows: usize, cols: usize) -> Result<Panels> {
+        check_layout("Panels::pack", blocks.len(), scales.len(), rows, cols)?;
+        let nb = cols / BLOCK_ELEMS;
+        let np = rows.div_ceil(PANEL_ROWS);
+        let mut codes = vec![Line([0; 64]); np * nb * 4];
+        let mut sc = vec![ZERO_BLOCK_SCALE; np * nb * PANEL_ROWS];
+        let mut special = vec![false; np];
+        for row in 0..rows {
+            let (p, r) = (row / PANEL_ROWS, row % PANEL_ROWS);
+            let rb = &blocks[row * nb * BLOCK_BYTES..(row + 1) * nb * BLOCK_BYTES];
+            for b in 0..nb {
+                let s = scales[row * nb + b];
+                sc[(p * nb + b) * PANEL_ROWS + r] = s;
+                special[p] |= s == 0 || s == 0xFF;
+                for v in 0..4 {
+                    let line = &mut codes[(p * nb + b) * 4 + v].0;
+                    for j in 0..4 {
+                        line[4 * r + j] =
+                            code(rb, b, 4 * v + j) | (code(rb, b, 16 + 4 * v + j) << 4);
+                    }
+                }
+            }
+        }
+        Ok(Panels {
+            rows,
+            cols,
+            nb,
+            codes,
+            scales: sc,
+            special,
+        })
+    }
+
+    /// The row layout back (`(blocks, scales)`), exactly as packed.
+    pub fn unpack(&self) -> (Vec<u8>, Vec<u8>) {
+        let nb = self.nb;
+        let mut blocks = vec![0u8; self.rows * nb * BLOCK_BYTES];
+        let mut scales = vec![0u8; self.rows * nb];
+        for row in 0..self.rows {
+            let (p, r) = (row / PANEL_ROWS, row % PANEL_ROWS);
+            for b in 0..nb {
+                scales[row * nb + b] = self.scales[(p * nb + b) * PANEL_ROWS + r];
+                for e in 0..BLOCK_ELEMS {
+                    let (v, j, hi) = ((e % 16) / 4, e % 4, e >= 16);
+                    let byte = self.codes[(p * nb + b) * 4 + v].0[4 * r + j];
+                    let c = if hi { byte >> 4 } else { byte & 0xF };
+                    blocks[(row * nb + b) * BLOCK_BYTES + e / 2] |= c << (4 * (e & 1));
+                }
+            }
+        }
+        (blocks, scales)
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held (codes and scales, padding included).
+    pub fn nbytes(&self) -> usize {
+        self.codes.len() * 64 + self.scales.len() + self.special.len()
+    }
+
+    /// `out[n, rows] = x[n, cols] · Wᵀ` with int8 activations, on the
+    /// widest kernel this CPU runs. Error bound: [`super::matmul_mxfp4_q8`].
+    ///
+    /// # Panics
+    /// If `x` is not `n × cols` or `out` not `n × rows` values.
+    pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        self.matmul_with(PanelKernel::best(), x, n, out)
+    }
+
+    /// [`Panels::matmul`] on a chosen kernel.
+    ///
+    /// # Panics
+    /// As [`Panels::matmul`], and if `kernel` is not supported by this CPU.
+    pub fn matmul_with(&self, kernel: PanelKernel, x: &[f32], n: usize, out: &mut [f32]) {
+        self.matmul_tiled(kernel, kernel.tile_rows(), x, n, out)
+    }
+
+    /// [`Panels::matmul_with`] with tiles of `mr` activation rows (clamped to
+    /// `1..=`[`MAX_TILE_ROWS`]; AVX2 uses at most 2), for measuring tile shapes.
+    #[doc(hidden)]
+    pub fn matmul_tiled(
+        &self,
+        kernel: PanelKernel,
+        mr: usize,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        assert!(
+            kernel.supported(),
+            "Panels::matmul: {kernel:?} is not supported here"
+        );
+        assert_eq!(
+            x.len(),
+            n * self.cols,
+            "Panels::matmul: x must be [n, cols]"
+        );
+        assert_eq!(
+            out.len(),
+            n * self.rows,
+            "Panels::matmul: out must be [n, rows]"
+        );
+        if n == 0 || self.rows == 0 {
+            return;
+        }
+        if self.cols == 0 {
+            out.fill(0.0);
+            return;
+        }
+        thread_local! {
+            static BUF: std::cell::Cell<QuantRows> = std::cell::Cell::new(QuantRows::default());
+        }
+        let mut q = BUF.with(|b| b.take());
+        q.fill(kernel, x, n, self.cols);
+        let mr = match kernel {
+            PanelKernel::Avx2 => mr.clamp(1, MR_AVX2),
+            _ => mr.clamp(1, MAX_TILE_ROWS),
+        };
+        self.run(kernel, mr, &q, n, out);
+        BUF.with(|b| b.set(q));
+    }
+
+    /// The tiles of the product, split over the pool by ranges of panels.
+    fn run(&self, kernel: PanelKernel, mr: usize, q: &QuantRows, n: usize, out: &mut [f32]) {
+        let np = self.rows.div_ceil(PANEL_ROWS);
+        let panel_macs = PANEL_ROWS * self.cols * n;
+        let out = OutPtr(out.as_mut_ptr());
+        for_row_ranges(np, panel_macs, MIN_TASK_MACS, |p0, p1| {
+            for p in p0..p1 {
+                self.panel(kernel, mr, p, q, n, out);
+            }
+        });
+    }
+
+    /// All `n` activation rows against panel `p`.
+    fn panel(
+        &self,
+        kernel: PanelKernel,
+        mr: usize,
+        p: usize,
+        q: &QuantRows,
+        n: usize,
+        out: OutPtr,
+    ) {
+        let nb = self.nb;
+        let valid = (self.rows - p * PANEL_ROWS).min(PANEL_ROWS);
+        let t = Tile {
+            codes: &self.codes[p * nb * 4..(p + 1) * nb * 4],
+            scales: &self.scales[p * nb * PANEL_ROWS..(p + 1) * nb * PANEL_ROWS],
+            special: self.special[p],
+            nb,
+            rows: self.rows,
+            col0: p * PANEL_ROWS,
+            valid,
+        };
+        let mut i = 0;
+        while i < n {
+            let m = (n - i).min(mr);
+            t.rows_tile(kernel, q, i, m, out);
+            i += m;
+        }
+    }
+}
+
+/// Activation rows rounded to int8 per block, in the kernels' layout.
+#[derive(Default)]
+pub(super) struct QuantRows {
+    /// `q` as i8 bits, `[n, cols]`, natural order.
+    pub(super) q: Vec<u8>,
+    /// `d/2` per block, `[n, cols/32]`.
+    pub(super) d: Vec<f32>,
+    /// `−12·Σq` per block, `[n, cols/32]`.
+    pub(super) c: Vec<i32>,
+}
+
+impl QuantRows {
+    /// Rounds `x [n, cols]`, on the pool when there are many rows.
+    fn fill(&mut self, kernel: PanelKernel, x: &[f32], n: usize, cols: usize) {
+        let nb = cols / BLOCK_ELEMS;
+        self.q.clear();
+        self.q.resize(n * cols, 0);
+        self.d.clear();
+        self.d.resize(n * nb, 0.0);
+        self.c.clear();
+        self.c.resize(n * nb, 0);
+        let rows_per_task = (65536 / cols.max(1)).max(1);
+        let one = |(((x, q), d), c): RowChunk<'_>| quantize_rows(kernel, x, q, d, c);
+        let (xr, qr) = (rows_per_task * cols, rows_per_task * nb);
+        if n <= rows_per_task || crate::threads::is_serial() || rayon::current_num_threads() == 1 {
+            x.chunks(xr)
+                .zip(self.q.chunks_mut(xr))
+                .zip(self.d.chunks_mut(qr))
+                .zip(self.c.chunks_mut(qr))
+                .for_each(one);
+        } else {
+            x.par_chunks(xr)
+                .zip(self.q.par_chunks_mut(xr))
+                .zip(self.d.par_chunks_mut(qr))
+                .zip(self.c.par_chunks_mut(qr))
+                .for_each(one);
+        }
+    }
+}
+
+/// One task's rows of `x`, `q`, `d` and `c`, as zipped chunks.
+type RowChunk<'a> = (((&'a [f32], &'a mut [u8]), &'a mut [f32]), &'a mut [i32]);
+
+/// Rounds whole rows (any number of blocks) with `kernel`'s instructions.
+fn quantize_rows(kernel: PanelKernel, x: &[f32], q: &mut [u8], d: &mut [f32], c: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel == PanelKernel::Avx512Vnni {
+        // SAFETY: the kernel is only run when supported (asserted by matmul_with).
+        return unsafe { super::panel_x86::quantize_avx512(x, q, d, c) };
+    }
+    let _ = kernel;
+    for (((xb, qb), db), cb) in x
+        .chunks_exact(BLOCK_ELEMS)
+        .zip(q.chunks_exact_mut(BLOCK_ELEMS))
+        .zip(d.iter_mut())
+        .zip(c.iter_mut())
+    {
+        (*db, *cb) = quantize_block(xb, qb);
+    }
+}
+
+/// Rounds one block to int8 into `q` (i8 bits); returns `(d/2, −12·Σq)`.
+/// A block holding NaN or ±∞ gets `d = NaN`, so its outputs are NaN.
+pub(super) fn quantize_block(x: &[f32], q: &mut [u8]) -> (f32, i32) {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    let mut sum = 0i32;
+    for (o, &v) in q.iter_mut().zip(x) {
+        let r = crate::q8::round_even(v * inv).clamp(-127.0, 127.0) as i8;
+        sum += r as i32;
+        *o = r as u8;
+    }
+    let finite = x.iter().all(|v| v.is_finite());
+    (if finite { d * 0.5 } else { f32::NAN }, -12 * sum)
+}
+
+/// One panel and what the tile kernels need to write its outputs.
+pub(super) struct Tile<'a> {
+    /// The panel's code lines, `[nb, 4]`.
+    codes: &'a [Line],
+    /// The panel's scales, `[nb, 16]`.
+    pub(super) scales: &'a [u8],
+    /// Whether a scale is 0 or 255 (see [`Panels`]).
+    pub(super) special: bool,
+    /// Blocks per row.
+    pub(super) nb: usize,
+    /// Row stride of `out` (output features).
+    pub(super) rows: usize,
+    /// First output column of the panel.
+    pub(super) col0: usize,
+    /// Output columns of the panel that exist (16 but in a last panel).
+    pub(super) valid: usize,
+}
+
+impl Tile<'_> {
+    /// The panel's code bytes, `[nb, 256]`.
+    pub(super) fn code_bytes(&self) -> &[u8] {
+        // SAFETY: Line is 64 plain bytes with no padding.
+        unsafe { std::slice::from_raw_parts(self.codes.as_ptr().cast(), self.codes.len() * 64) }
+    }
+
+    /// Activation rows `i0..i0 + m` (`m ≤` the kernel's tile height) against
+    /// this panel, written to `out`.
+    fn rows_tile(&self, kernel: PanelKernel, q: &QuantRows, i0: usize, m: usize, out: OutPtr) {
+        let nb = self.nb;
+        let cols = nb * BLOCK_ELEMS;
+        let xs = RowsQ {
+            q: &q.q[i0 * cols..(i0 + m) * cols],
+            d: &q.d[i0 * nb..(i0 + m) * nb],
+            c: &q.c[i0 * nb..(i0 + m) * nb],
+        };
+        // SAFETY (every arm): rows i0..i0+m and columns col0..col0+valid are
+        // inside out [n, rows] and belong to this task only; the SIMD kernels
+        // run only where supported (asserted by matmul_with).
+        let out = unsafe { out.get().add(i0 * self.rows + self.col0) };
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            PanelKernel::Avx512Vnni => unsafe {
+                use super::panel_x86::tile_avx512 as k;
+                match m {
+                    12 => k::<12>(self, &xs, out),
+                    11 => k::<11>(self, &xs, out),
+                    10 => k::<10>(self, &xs, out),
+                    9 => k::<9>(self, &xs, out),
+                    8 => k::<8>(self, &xs, out),
+                    7 => k::<7>(self, &xs, out),
+                    6 => k::<6>(self, &xs, out),
+                    5 => k::<5>(self, &xs, out),
+                    4 => k::<4>(self, &xs, out),
+                    3 => k::<3>(self, &xs, out),
+                    2 => k::<2>(self, &xs, out),
+                    _ => k::<1>(self, &xs, out),
+                }
+            },
+            #[cfg(target_arch = "x86_64")]
+            PanelKernel::Avx2 => unsafe {
+                use super::panel_x86::tile_avx2 as k;
+                match m {
+                    2 => k::<2>(self, &xs, out),
+                    _ => k::<1>(self, &xs, out),
+                }
+            },
+            _ => unsafe { self.tile_portable(&xs, m, out) },
+        }
+    }
+
+    /// The portable tile: the same integer sums and f32 operations as the
+    /// SIMD kernels, one output at a time.
+    ///
+    /// # Safety
+    /// `out` points at row 0, column 0 of the tile inside `[n, rows]`.
+    unsafe fn tile_portable(&self, xs: &RowsQ<'_>, m: usize, out: *mut f32) {
+        let codes = self.code_bytes();
+        let cols = self.nb * BLOCK_ELEMS;
+        for i in 0..m {
+            for r in 0..self.valid {
+                let mut acc = 0.0f32;
+                for b in 0..self.nb {
+                    let mut dot = xs.c[i * self.nb + b];
+                    let xq = &xs.q[i * cols + b * BLOCK_ELEMS..i * cols + (b + 1) * BLOCK_ELEMS];
+                    for v in 0..4 {
+                        for j in 0..4 {
+                            let byte = codes[b * PANEL_BLOCK_BYTES + v * 64 + 4 * r + j];
+                            let lo = E2M1_X2_U8[(byte & 0xF) as usize] as i32;
+                            let hi = E2M1_X2_U8[(byte >> 4) as usize] as i32;
+                            dot += lo * xq[4 * v + j] as i8 as i32;
+                            dot += hi * xq[16 + 4 * v + j] as i8 as i32;
+                        }
+                    }
+                    let ws = E8M0_TABLE[self.scales[b * PANEL_ROWS + r] as usize];
+                    acc = (dot as f32).mul_add(ws * xs.d[i * self.nb + b], acc);
+                }
+                // SAFETY: (i, r) is inside the tile (caller's contract).
+                unsafe { *out.add(i * self.rows + r) = acc };
+            }
+        }
+    }
+}
+
+/// The quantized activation rows of one tile.
+pub(super) struct RowsQ<'a> {
+    /// `[m, cols]` int8 bits.
+    pub(super) q: &'a [u8],
+    /// `[m, nb]` `d/2`.
+    pub(super) d: &'a [f32],
+    /// `[m, nb]` `−12·Σq`.
+    pub(super) c: &'a [i32],
+}
+
+/// The builds of the panel kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PanelKernel {
+    /// AVX-512 F, BW, VNNI and VBMI (`vpdpbusd`, `vpermb`).
+    Avx512Vnni,
+    /// AVX2 (`vpmaddubsw`, `vpmaddwd`).
+    Avx2,
+    /// Portable Rust.
+    Portable,
+}
+
+impl PanelKernel {
+    /// Every build, widest first.
+    pub const ALL: [PanelKernel; 3] = [
+        PanelKernel::Avx512Vnni,
+        PanelKernel::Avx2,
+        PanelKernel::Portable,
+    ];
+
+    /// Whether this CPU runs `self`.
+    pub fn supported(self) -> bool {
+        let f = crate::cpu::features();
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            PanelKernel::Avx512Vnni => f.avx512_vnni && std::is_x86_feature_detected!("avx512vbmi"),
+            #[cfg(not(target_arch = "x86_64"))]
+            PanelKernel::Avx512Vnni => false,
+            PanelKernel::Avx2 => f.avx2_fma,
+            PanelKernel::Portable => true,
+        }
+    }
+
+    /// Activation rows per tile.
+    fn tile_rows(self) -> usize {
+        match self {
+            PanelKernel::Avx512Vnni => MR_AVX512,
+            PanelKernel::Avx2 => MR_AVX2,
+            PanelKernel::Portable => 4,
+        }
+    }
+
+    /// The widest build this CPU runs.
+    pub fn best() -> PanelKernel {
+        PanelKernel::ALL
+            .into_iter()
+            .find(|k| k.supported())
+            .expect("Portable is always supported")
+    }
+}

@@ -1,0 +1,214 @@
+//! x86-64 builds of the panel kernels ([`super::panel`]). Callers check CPU
+//! features; tiles and activation rows are sized by the caller.
+use std::arch::x86_64::*;
+
+use super::panel::{RowsQ, Tile};
+use super::{BLOCK_ELEMS, E2M1_X2_U8};
+
+/// [`E2M1_X2_U8`] four times: `vpermb` reads 6 index bits, so the high
+/// nibble's shifted-in bits need no mask.
+static LUT64: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        t[i] = E2M1_X2_U8[i % 16];
+        i += 1;
+    }
+    t
+};
+
+/// How far ahead of the current block small tiles (decode, `MR ≤ 4`)
+/// prefetch panel codes: one matrix's panels are contiguous, so this runs
+/// into the next panel; as in the row-layout kernel, the hardware prefetcher
+/// alone ramps up too slowly on DRAM-cold weights. Default 8 KiB.
+const PREFETCH_BYTES: usize = 8 * 1024;
+
+/// Bits of the f32 that E8M0 byte 0 encodes (2⁻¹²⁷, subnormal).
+const E8M0_ZERO_BITS: i32 = 0x0040_0000;
+/// Bits of the NaN that E8M0 byte 255 encodes.
+const E8M0_NAN_BITS: i32 = 0x7FC0_0000;
+
+/// The `MR × 16` AVX-512 tile: per block, `MR` int32 accumulators start at
+/// `−12·Σq` and take 8 `vpdpbusd` each (four activation bytes broadcast
+/// against 16 rows × 4 codes looked up by `vpermb`), then
+/// `acc_f32 += f32(dot) · (scale(w) · d/2)`.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI/VBMI present; `xs` holds `MR` rows of the panel's
+/// width; `out` points at the tile's first output inside `[n, t.rows]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
+pub(super) unsafe fn tile_avx512<const MR: usize>(t: &Tile<'_>, xs: &RowsQ<'_>, out: *mut f32) {
+    let nb = t.nb;
+    let cols = nb * BLOCK_ELEMS;
+    debug_assert!(xs.q.len() == MR * cols && xs.d.len() == MR * nb && xs.c.len() == MR * nb);
+    let codes = t.code_bytes().as_ptr();
+    let (xq, xd, xc) = (xs.q.as_ptr(), xs.d.as_ptr(), xs.c.as_ptr());
+    // SAFETY (whole body): every offset below stays inside the panel's
+    // nb·256 code bytes and nb·16 scales, or the tile's MR activation rows.
+    unsafe {
+        let lut = _mm512_loadu_si512(LUT64.as_ptr().cast());
+        let mut facc = [_mm512_setzero_ps(); MR];
+        for b in 0..nb {
+            let cb = codes.add(b * 256);
+            let mut acc = [_mm512_setzero_si512(); MR];
+            for (i, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_set1_epi32(*xc.add(i * nb + b));
+            }
+            for v in 0..4 {
+                if MR <= 4 {
+                    // A hint: never faults, whatever the address.
+                    _mm_prefetch::<_MM_HINT_T0>(cb.wrapping_add(PREFETCH_BYTES + 64 * v).cast());
+                }
+                let pk = _mm512_load_si512(cb.add(64 * v).cast());
+                let wlo = _mm512_permutexvar_epi8(pk, lut);
+                let whi = _mm512_permutexvar_epi8(_mm512_srli_epi16::<4>(pk), lut);
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let xr = xq.add(i * cols + b * BLOCK_ELEMS);
+                    let lo = _mm512_set1_epi32(xr.add(4 * v).cast::<i32>().read_unaligned());
+                    let hi = _mm512_set1_epi32(xr.add(16 + 4 * v).cast::<i32>().read_unaligned());
+                    *a = _mm512_dpbusd_epi32(*a, wlo, lo);
+                    *a = _mm512_dpbusd_epi32(*a, whi, hi);
+                }
+            }
+            let e = _mm512_cvtepu8_epi32(_mm_loadu_si128(t.scales.as_ptr().add(b * 16).cast()));
+            let mut sbits = _mm512_slli_epi32::<23>(e);
+            if t.special {
+                let zero = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
+                sbits = _mm512_mask_mov_epi32(sbits, zero, _mm512_set1_epi32(E8M0_ZERO_BITS));
+                let nan = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255));
+                sbits = _mm512_mask_mov_epi32(sbits, nan, _mm512_set1_epi32(E8M0_NAN_BITS));
+            }
+            let ws = _mm512_castsi512_ps(sbits);
+            for (i, (f, a)) in facc.iter_mut().zip(&acc).enumerate() {
+                let s = _mm512_mul_ps(ws, _mm512_set1_ps(*xd.add(i * nb + b)));
+                *f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*a), s, *f);
+            }
+        }
+        let mask: u16 = if t.valid >= 16 {
+            0xFFFF
+        } else {
+            (1u16 << t.valid) - 1
+        };
+        for (i, f) in facc.iter().enumerate() {
+            _mm512_mask_storeu_ps(out.add(i * t.rows), mask, *f);
+        }
+    }
+}
+
+/// The `MR × 16` AVX2 tile, two 8-row halves: codes looked up by `vpshufb`,
+/// products summed by `vpmaddubsw` (pairs, exact: at most 2·24·127 per
+/// pair, 4·24·127 after adding the low and high halves) and `vpmaddwd`,
+/// then the same f32 operations per output as [`tile_avx512`].
+///
+/// # Safety
+/// AVX2 and FMA present; otherwise as [`tile_avx512`].
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn tile_avx2<const MR: usize>(t: &Tile<'_>, xs: &RowsQ<'_>, out: *mut f32) {
+    let nb = t.nb;
+    let cols = nb * BLOCK_ELEMS;
+    debug_assert!(xs.q.len() == MR * cols && xs.d.len() == MR * nb && xs.c.len() == MR * nb);
+    let codes = t.code_bytes().as_ptr();
+    let (xq, xd, xc) = (xs.q.as_ptr(), xs.d.as_ptr(), xs.c.as_ptr());
+    // SAFETY (whole body): as in tile_avx512.
+    unsafe {
+        let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_X2_U8.as_ptr().cast()));
+        let m4 = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut facc = [[_mm256_setzero_ps(); 2]; MR];
+        for b in 0..nb {
+            let cb = codes.add(b * 256);
+            let mut acc = [[_mm256_setzero_si256(); 2]; MR];
+            for (i, a) in acc.iter_mut().enumerate() {
+                let c = _mm256_set1_epi32(*xc.add(i * nb + b));
+                *a = [c, c];
+            }
+            for v in 0..4 {
+                for h in 0..2 {
+                    let pk = _mm256_load_si256(cb.add(64 * v + 32 * h).cast());
+                    let wlo = _mm256_shuffle_epi8(lut, _mm256_and_si256(pk, m4));
+                    let whi =
+                        _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(pk), m4));
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let xr = xq.add(i * cols + b * BLOCK_ELEMS);
+                        let lo = _mm256_set1_epi32(xr.add(4 * v).cast::<i32>().read_unaligned());
+                        let hi =
+                            _mm256_set1_epi32(xr.add(16 + 4 * v).cast::<i32>().read_unaligned());
+                        let p = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(wlo, lo),
+                            _mm256_maddubs_epi16(whi, hi),
+                        );
+                        a[h] = _mm256_add_epi32(a[h], _mm256_madd_epi16(p, ones));
+                    }
+                }
+            }
+            for h in 0..2 {
+                let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    t.scales.as_ptr().add(b * 16 + 8 * h).cast(),
+                ));
+                let mut sbits = _mm256_slli_epi32::<23>(e);
+                if t.special {
+                    let zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
+                    sbits = _mm256_blendv_epi8(sbits, _mm256_set1_epi32(E8M0_ZERO_BITS), zero);
+                    let nan = _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255));
+                    sbits = _mm256_blendv_epi8(sbits, _mm256_set1_epi32(E8M0_NAN_BITS), nan);
+                }
+                let ws = _mm256_castsi256_ps(sbits);
+                for (i, (f, a)) in facc.iter_mut().zip(&acc).enumerate() {
+                    let s = _mm256_mul_ps(ws, _mm256_set1_ps(*xd.add(i * nb + b)));
+                    f[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[h]), s, f[h]);
+                }
+            }
+        }
+        for (i, f) in facc.iter().enumerate() {
+            let mut y = [0.0f32; 16];
+            _mm256_storeu_ps(y.as_mut_ptr(), f[0]);
+            _mm256_storeu_ps(y.as_mut_ptr().add(8), f[1]);
+            std::ptr::copy_nonoverlapping(y.as_ptr(), out.add(i * t.rows), t.valid.min(16));
+        }
+    }
+}
+
+/// [`super::panel::quantize_block`] over whole rows with AVX-512: max |x| by
+/// a vector reduction, round-to-nearest-even, saturating packs to bytes.
+/// Bit-identical to the plain loop for finite blocks; non-finite blocks get
+/// `d = NaN` in both.
+///
+/// # Safety
+/// AVX-512 F/BW present; `q` as long as `x`, `d` and `c` one per block.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn quantize_avx512(x: &[f32], q: &mut [u8], d: &mut [f32], c: &mut [i32]) {
+    let (lo_c, hi_c) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+    for (((blk, qb), db), cb) in x
+        .chunks_exact(BLOCK_ELEMS)
+        .zip(q.chunks_exact_mut(BLOCK_ELEMS))
+        .zip(d.iter_mut())
+        .zip(c.iter_mut())
+    {
+        // SAFETY: a block is 32 floats and 32 bytes.
+        unsafe {
+            let lo = _mm512_loadu_ps(blk.as_ptr());
+            let hi = _mm512_loadu_ps(blk.as_ptr().add(16));
+            let zero = _mm512_setzero_ps();
+            // x·0 is NaN exactly for ±∞ and NaN.
+            let finite = _mm512_reduce_add_ps(_mm512_add_ps(
+                _mm512_mul_ps(lo, zero),
+                _mm512_mul_ps(hi, zero),
+            )) == 0.0;
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+            let dd = amax / 127.0;
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            *db = if finite { dd * 0.5 } else { f32::NAN };
+            let inv = _mm512_set1_ps(inv);
+            let round = |v: __m512| {
+                let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    _mm512_mul_ps(v, inv),
+                );
+                _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo_c), hi_c))
+            };
+            let (ql, qh) = (round(lo), round(hi));
+            _mm_storeu_si128(qb.as_mut_ptr().cast(), _mm512_cvtsepi32_epi8(ql));
+            _mm_storeu_si128(qb.as_mut_ptr().add(16).cast(), _mm512_cvtsepi32_epi8(qh));
+            *cb = -12 * _mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh));
+        }
+    }
+}
