@@ -623,7 +623,19 @@ async fn live_long() {
         "{} segments",
         segments.len()
     );
-    let server = common::serve::ServeProcess::start(&["--served-model-name", "kimi-k3-tiny"], 600);
+    // The encoder's embedding LRU (`--mm-cache-bytes`, default 512 MiB) keeps every
+    // chunk a stream encodes until it is full; `LIVE_MM_CACHE_BYTES` bounds it lower so
+    // the run shows where the server's RSS levels off.
+    let cache = std::env::var("LIVE_MM_CACHE_BYTES").unwrap_or_else(|_| (512u64 << 20).to_string());
+    let server = common::serve::ServeProcess::start(
+        &[
+            "--served-model-name",
+            "kimi-k3-tiny",
+            "--mm-cache-bytes",
+            &cache,
+        ],
+        600,
+    );
     let addr: std::net::SocketAddr = format!("127.0.0.1:{}", server.port).parse().unwrap();
     let mut ws = WsClient::connect(addr, MODEL).await;
     assert_eq!(ws.next().await.unwrap()["type"], "session.created");
