@@ -330,6 +330,23 @@ pub struct SessionClosed {
     pub session: String,
 }
 
+/// Scheduler command: a session superseded a cached path (a live video
+/// window moved on); every cached path that agrees with `path` through the
+/// page holding token `from` and that no running request holds is removed now, so its pages are free at once rather than
+/// at the next LRU eviction.
+#[derive(Debug)]
+pub struct DropPath {
+    /// Unpin this session first (its pin lies on the path being dropped).
+    pub session: Option<String>,
+    /// Radix key of the superseded path (at least through the page holding `from`).
+    pub path: Vec<u64>,
+    /// Its first superseded token: paths agreeing with `path` through the page that
+    /// holds it are dropped; pages before that page stay.
+    pub from: usize,
+    /// Gets the number of pages freed.
+    pub reply: Option<tokio::sync::oneshot::Sender<usize>>,
+}
+
 /// Everything the scheduler's bounded command queue carries.
 #[derive(Debug)]
 pub enum SchedulerCommand {
@@ -339,6 +356,8 @@ pub enum SchedulerCommand {
     Cancel(CancelRequest),
     /// [`SessionClosed`].
     SessionClosed(SessionClosed),
+    /// [`DropPath`].
+    DropPath(DropPath),
 }
 
 /// Scheduler counters.

@@ -511,6 +511,63 @@ impl RadixCache {
         out
     }
 
+    /// Removes every unlocked node whose path extends `prefix` (its whole pages; a node
+    /// the prefix ends inside extends it too), so a path its owner has superseded is
+    /// released at once instead of waiting for LRU pressure. Locked nodes stay, and with
+    /// them their ancestors; an unlocked node goes with its whole subtree (a lock covers
+    /// every ancestor, so that subtree is unlocked). An empty prefix removes nothing.
+    pub fn evict_prefix(&mut self, prefix: &[u64]) -> Evicted {
+        let prefix = self.whole_pages(prefix);
+        let mut out = Evicted::default();
+        if prefix.is_empty() {
+            return out;
+        }
+        let (mut cur, mut pos) = (ROOT, 0);
+        let top = loop {
+            let Some(child) = self.child(cur, &prefix[pos..]) else {
+                return out;
+            };
+            let common = self.common_len(&self.get(child).key, &prefix[pos..]);
+            if pos + common == prefix.len() {
+                break child;
+            }
+            if common < self.get(child).key.len() {
+                return out;
+            }
+            pos += common;
+            cur = child;
+        };
+        let mut stack = vec![top];
+        let mut doomed = Vec::new();
+        while let Some(i) = stack.pop() {
+            let n = self.get(i);
+            if n.lock_ref == 0 {
+                doomed.push(i);
+            } else {
+                stack.extend(n.children.values().copied());
+            }
+        }
+        let ps = self.page_size;
+        for root in doomed {
+            let parent = self
+                .get(root)
+                .parent
+                .expect("only non-root nodes are removed");
+            let first: Box<[u64]> = self.get(root).key[..ps].into();
+            self.get_mut(parent).children.remove(&first);
+            let mut stack = vec![root];
+            while let Some(i) = stack.pop() {
+                let node = self.free_node(i);
+                stack.extend(node.children.values().copied());
+                self.cached_pages -= node.pages.len();
+                self.evictable_pages -= node.pages.len();
+                out.pages.extend(node.pages);
+                out.snapshots.extend(node.snapshot);
+            }
+        }
+        out
+    }
+
     /// Pages stored in the tree.
     pub fn cached_pages(&self) -> usize {
         self.cached_pages
@@ -833,6 +890,38 @@ mod tests {
             "leaf [3], leaf [4], then their parent [1,2]"
         );
         ok(&t);
+    }
+
+    #[test]
+    fn evict_prefix_drops_unlocked_extensions_only() {
+        let mut t = tree(2);
+        // Shared head [1,2], then two branches; a third branch is locked.
+        t.insert(&[1, 2, 3, 4, 5, 6], &[10, 11, 12]).unwrap();
+        let b = t.insert(&[1, 2, 3, 4, 7, 8], &[10, 11, 13]).unwrap();
+        t.insert(&[1, 2, 9, 9], &[10, 14]).unwrap();
+        t.lock(b.node).unwrap();
+        t.set_snapshot(&[1, 2, 3, 4, 5, 6], 77).unwrap();
+        ok(&t);
+        // Everything extending [1,2,3,4]: the [5,6] branch goes, the locked [7,8] stays.
+        let ev = t.evict_prefix(&[1, 2, 3, 4, 99]);
+        assert_eq!(ev.pages, [12]);
+        assert_eq!(ev.snapshots, [77]);
+        ok(&t);
+        assert_eq!(t.match_prefix(&[1, 2, 3, 4, 7, 8]).tokens, 6);
+        assert_eq!(t.match_prefix(&[1, 2, 9, 9]).tokens, 4, "other branch kept");
+        // Unlocked, the [3,4] subtree goes whole, the head [1,2] stays.
+        t.unlock(b.node).unwrap();
+        let mut ev = t.evict_prefix(&[1, 2, 3, 4]);
+        ev.pages.sort_unstable();
+        assert_eq!(ev.pages, [11, 13]);
+        ok(&t);
+        assert_eq!(t.cached_pages(), 2);
+        assert_eq!(t.evictable_pages(), 2);
+        assert!(
+            t.evict_prefix(&[5, 5]).pages.is_empty(),
+            "nothing extends it"
+        );
+        assert!(t.evict_prefix(&[1]).pages.is_empty(), "no whole page");
     }
 
     #[test]

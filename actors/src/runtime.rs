@@ -7,7 +7,7 @@
 //!   │ AdmissionGate slot + id (full → overloaded)               ▲
 //!   ▼                                                           │ EngineStats (watch,
 //! command queue (bounded) ──► scheduler thread ─────────────────┘  published every step)
-//!   Admit / Cancel / SessionClosed   │ owns SessionMemory (radix tree, pages, pins)
+//!   Admit / Cancel / SessionClosed / DropPath │ owns SessionMemory (radix tree, pages, pins)
 //!        ◄── TokenEvent (bounded mpsc per request)
 //!                                    │ forward ──RunExperts──► ExpertShard ×N (own threads)
 //! ```
@@ -33,7 +33,7 @@ use crate::constraint::SeqConstraint;
 use crate::engine::{CausalLm, Detokenize, ModelInfo};
 use crate::expert_shard::ShardedExperts;
 use crate::messages::{
-    AdmitRequest, CancelRequest, EngineStats, MemoryStats, RequestId, SchedulerCommand,
+    AdmitRequest, CancelRequest, DropPath, EngineStats, MemoryStats, RequestId, SchedulerCommand,
     SchedulerStats, SessionClosed, SubmitError, TokenEvent, ValidRequest,
 };
 use crate::scheduler::{driver, validate_request, SchedulerConfig, SchedulerState};
@@ -244,6 +244,26 @@ impl Engine {
         let session = session.into();
         self.command(SchedulerCommand::SessionClosed(SessionClosed { session }))
             .await
+    }
+
+    /// Releases the cached paths that agree with `path` through the page
+    /// holding token `from` and that no request holds (unpinning `session`
+    /// first when given); returns the pages freed.
+    pub async fn drop_path(
+        &self,
+        session: Option<String>,
+        path: Vec<u64>,
+        from: usize,
+    ) -> Result<usize, SubmitError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.command(SchedulerCommand::DropPath(DropPath {
+            session,
+            path,
+            from,
+            reply: Some(tx),
+        }))
+        .await?;
+        rx.await.map_err(|_| SubmitError::Stopped)
     }
 
     async fn command(&self, cmd: SchedulerCommand) -> Result<(), SubmitError> {

@@ -7,7 +7,8 @@
 //!
 //! It is plain state owned by the scheduler ([`crate::scheduler::SchedulerState`])
 //! on the scheduler's thread: admission ([`SessionMemory::admit`]), commit
-//! ([`SessionMemory::commit`]) and release ([`SessionMemory::release`]) are
+//! ([`SessionMemory::commit`]), release ([`SessionMemory::release`]) and the
+//! release of a superseded path ([`SessionMemory::drop_path`]) are
 //! method calls that cannot be lost, so a page or lock is given back exactly
 //! when the scheduler lets go of a sequence. Other threads see its counters
 //! only through the [`MemoryStats`] the scheduler publishes after each step.
@@ -317,6 +318,25 @@ impl SessionMemory {
         }
     }
 
+    /// Releases a path its session has superseded ([`crate::messages::DropPath`]):
+    /// unpins `session` first when given, then removes every cached path that agrees
+    /// with `path` through the page holding token `from` (the first superseded one) and
+    /// that no running sequence holds. Returns the pages freed.
+    pub fn drop_path(&mut self, session: Option<&str>, path: &[u64], from: usize) -> usize {
+        if let Some(s) = session {
+            self.unpin(s);
+        }
+        let end = (from / self.page_size() + 1) * self.page_size();
+        if end > path.len() {
+            return 0; // the page holding `from` was never cached whole
+        }
+        let ev = self.radix.evict_prefix(&path[..end]);
+        let before = self.pages.free_count();
+        self.pages.release(&ev.pages);
+        self.drop_snapshots(&ev.snapshots);
+        self.pages.free_count() - before
+    }
+
     /// Occupancy counters.
     pub fn stats(&self) -> MemoryStats {
         MemoryStats {
@@ -513,6 +533,51 @@ mod tests {
             pages: b.pages,
             node: b.node,
         });
+        m.check_quiescent().unwrap();
+    }
+
+    #[test]
+    fn dropped_path_frees_its_pages_but_not_the_new_one() {
+        let mut m = mem(16);
+        let commit = |m: &mut SessionMemory, key: Vec<u64>| {
+            let a = m
+                .admit(&MatchPrefix {
+                    key: key.clone(),
+                    hybrid: false,
+                    reserve_tokens: key.len(),
+                })
+                .unwrap();
+            m.commit(CommitSequence {
+                key,
+                pages: a.pages,
+                node: a.node,
+                session: Some("s".into()),
+                snapshots: vec![],
+            });
+        };
+        // A session's path [0..4) [4..12), then a new one sharing only the first page.
+        commit(&mut m, key(12));
+        let new: Vec<u64> = (0..4).chain(100..108).collect();
+        commit(&mut m, new.clone());
+        assert_eq!(
+            m.stats().cached_pages,
+            5,
+            "old path unpinned but still cached"
+        );
+        // Superseded from token 5 on: the page holding it (4..8) and what follows.
+        let freed = m.drop_path(None, &key(12), 5);
+        assert_eq!(freed, 2, "the old path's two pages after the shared one");
+        assert_eq!(m.stats().cached_pages, 3);
+        assert_eq!(m.stats().pinned_sessions, 1, "the new path stays pinned");
+        assert_eq!(
+            m.drop_path(None, &key(6), 5),
+            0,
+            "page 4..8 not whole in the path"
+        );
+        // Dropping the pinned path needs the session unpinned first.
+        assert_eq!(m.drop_path(None, &new, 4), 0, "pinned: nothing freed");
+        assert_eq!(m.drop_path(Some("s"), &new, 4), 2);
+        assert_eq!(m.stats().pinned_sessions, 0);
         m.check_quiescent().unwrap();
     }
 

@@ -169,6 +169,17 @@ impl EngineHost {
         let _ = self.engine.close_session(session).await;
     }
 
+    /// Releases the cached paths that agree with `path` through the page
+    /// holding token `from` and that no request holds (unpinning `session`
+    /// first when given): a live video window moved on. Returns the pages
+    /// freed (0 when the engine has stopped).
+    pub async fn drop_path(&self, session: Option<&str>, path: Vec<u64>, from: usize) -> usize {
+        self.engine
+            .drop_path(session.map(String::from), path, from)
+            .await
+            .unwrap_or(0)
+    }
+
     /// Current counters.
     pub async fn snapshot(&self) -> EngineSnapshot {
         let expert_counts = match &self.engine.shards {

@@ -186,6 +186,11 @@ impl MediaServices {
     pub fn stats(&self) -> VisionStats {
         self.encoder.stats()
     }
+
+    /// The media settings.
+    pub fn config(&self) -> &MediaConfig {
+        &self.config
+    }
 }
 
 /// One image part of a request, in prompt order.
@@ -471,7 +476,7 @@ fn inside(dir: &Path, path: &Path) -> Option<PathBuf> {
 }
 
 /// A failed preprocessing as a 400 (bad media) or 503 (overloaded).
-fn ingest_error(param: &str, e: IngestError) -> ApiError {
+pub(crate) fn ingest_error(param: &str, e: IngestError) -> ApiError {
     match e {
         IngestError::Overloaded { .. } => ApiError::overloaded(e.to_string()),
         IngestError::Media(m) => media_error(param, m),
@@ -481,7 +486,7 @@ fn ingest_error(param: &str, e: IngestError) -> ApiError {
 
 /// Rejected media as a 400 with the media error's kind; the video limits
 /// also name their flag.
-fn media_error(param: &str, m: MediaError) -> ApiError {
+pub(crate) fn media_error(param: &str, m: MediaError) -> ApiError {
     let flag = match &m {
         MediaError::VideoTooManyFrames { .. } => " (--max-video-frames)",
         MediaError::VideoTooLong { .. } => " (--max-video-seconds)",
@@ -673,12 +678,37 @@ async fn encode_video(
         .into_iter()
         .map(|f| (f.image, f.timestamp))
         .unzip();
+    let chunks = encode_frames(media, frames, times, &v.param).await?;
+    let prompts: String = chunks.iter().map(|c| c.prompt.as_str()).collect();
+    Ok((chunks.into_iter().map(|c| c.item).collect(), prompts))
+}
+
+/// One video chunk, encoded.
+#[derive(Debug, Clone)]
+pub struct EncodedChunk {
+    /// Its rows, hash and token count.
+    pub item: EncodedMedia,
+    /// `{HH:MM:SS.mmm}<|media_begin|>video<|media_content|><|media_pad|><|media_end|>`.
+    pub prompt: String,
+    /// The time of its first frame in seconds.
+    pub timestamp: f64,
+}
+
+/// Decoded frames (with their times in seconds) cut into chunks of up to 4
+/// and preprocessed on the Ingest pool, then each chunk encoded: what a
+/// video part and a live stream ([`super::realtime::live`]) share. `param`
+/// names the input in errors.
+pub async fn encode_frames(
+    media: &MediaServices,
+    frames: Vec<caracal_media::RgbImage>,
+    times: Vec<f64>,
+    param: &str,
+) -> ApiResult<Vec<EncodedChunk>> {
     let chunks = media
         .ingest
-        .prepare_frames(frames, times, &cfg.processor)
+        .prepare_frames(frames, times, &media.config.processor)
         .await
-        .map_err(|e| ingest_error(&v.param, e))?;
-    let prompts: String = chunks.iter().map(|c| c.prompt.as_str()).collect();
+        .map_err(|e| ingest_error(param, e))?;
     let jobs = chunks.into_iter().map(|c| async move {
         let rows = media
             .encoder
@@ -688,13 +718,17 @@ async fn encode_video(
             })
             .await
             .map_err(vision_error)?;
-        Ok::<_, ApiError>(EncodedMedia {
-            hash: c.hash,
-            rows,
-            num_tokens: c.num_tokens,
+        Ok::<_, ApiError>(EncodedChunk {
+            item: EncodedMedia {
+                hash: c.hash,
+                rows,
+                num_tokens: c.num_tokens,
+            },
+            prompt: c.prompt,
+            timestamp: c.timestamp,
         })
     });
-    Ok((futures::future::try_join_all(jobs).await?, prompts))
+    futures::future::try_join_all(jobs).await
 }
 
 /// Puts `items` into `valid`: its placeholders expanded, the media spans

@@ -31,7 +31,8 @@
 //! Commands ([`SchedulerCommand`]) come from [`crate::runtime::Engine`]
 //! over one bounded queue that the scheduler's thread ([`driver`]) drains
 //! before every step, without the submitter ever waiting for a forward:
-//! [`AdmitRequest`], [`CancelRequest`] and [`SessionClosed`]. Events go to
+//! [`AdmitRequest`], [`CancelRequest`], [`SessionClosed`] and
+//! [`crate::messages::DropPath`]. Events go to
 //! each request's own bounded channel. A request whose receiver is dropped
 //! is removed at the next step and its cache locks released; nothing it
 //! produced is cached.
@@ -400,6 +401,12 @@ impl SchedulerState {
                 self.cancel(c.id);
             }
             SchedulerCommand::SessionClosed(s) => self.close_session(&s.session),
+            SchedulerCommand::DropPath(d) => {
+                let freed = self.memory.drop_path(d.session.as_deref(), &d.path, d.from);
+                if let Some(reply) = d.reply {
+                    let _ = reply.send(freed);
+                }
+            }
         }
     }
 

@@ -13,8 +13,21 @@
 //! `caracal.cache_report` (prompt and cached tokens and the miss reason)
 //! right before each `response.done`. Audio buffer events and unknown
 //! events get an `error` event; the session keeps serving.
+//!
+//! Live video (`docs/protocol.md`, "Live video (Realtime)"): `session.video`
+//! settings, `input_video_buffer.append` (base64, or a binary message of raw
+//! bytes), `.commit` and `.clear`; the stream's state and jobs are
+//! [`live::Live`], its results arrive on this task's select loop, and
+//! questions ([`response`]) put the stream's window before the conversation.
+//!
+//! Files: `events.rs` (the events of one response), `response.rs` (building
+//! and streaming a response), `live.rs` (the live stream), `video_settings.rs`
+//! (`session.video`).
 
 pub mod events;
+pub mod live;
+mod response;
+pub mod video_settings;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -23,26 +36,26 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde_json::{json, Map, Value};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
 
-use self::events::{event, RealtimeResponse};
+use base64::Engine as _;
+
+use self::events::event;
+use self::live::{Live, PathContext};
+use self::response::{
+    clean_item, item_not_found, max_tokens, realtime_tools, tool_choice, Active, Outcome,
+};
 use super::error::{ApiError, ApiResult};
-use super::fields::{as_object, Fields};
-use super::generation::{self, GenEvent, GenRequest, GenSummary};
-use super::media;
+use super::fields::Fields;
 use super::metrics::Endpoint;
-use super::model::{CachedPrefix, Conversation, ToolChoiceSpec};
-use super::params::{valid_request, Sampling};
-use super::responses::turn::name_tool_results;
-use super::responses::types::{items_to_messages, prompt_messages};
+use super::model::{CachedPrefix, ToolChoiceSpec};
+use super::responses::types::items_to_messages;
 use super::responses::ws::{connection_limit, spawn_writer, Outgoing};
 use super::shutdown::Phase;
 use super::upgrade::{accept, ServerSocket};
 use super::{new_id, AppState};
-use caracal_kernels::sampling::SamplingParams;
 
 /// `GET /v1/realtime?model=…` with an upgrade.
 pub async fn upgrade(State(state): State<Arc<AppState>>, mut req: Request) -> Response {
@@ -87,26 +100,6 @@ struct SessionConfig {
     max_output_tokens: Value,
 }
 
-/// What a finished response hands back to the session.
-struct Outcome {
-    /// The response's output items (to append to the conversation).
-    output: Vec<Value>,
-    /// Whether they join the conversation.
-    in_conversation: bool,
-    /// The cached prompt and output, when it finished.
-    prefix: Option<CachedPrefix>,
-}
-
-/// The running response.
-struct Active {
-    /// Its id.
-    id: String,
-    /// Cancel switch.
-    cancel: watch::Sender<bool>,
-    /// The task.
-    task: JoinHandle<Outcome>,
-}
-
 /// One Realtime connection.
 struct RealtimeSession {
     /// Shared state.
@@ -123,6 +116,8 @@ struct RealtimeSession {
     prefix: Option<CachedPrefix>,
     /// The response generating now.
     active: Option<Active>,
+    /// The live video stream.
+    live: Live,
     /// Holds a `--max-sessions` slot.
     _permit: OwnedSemaphorePermit,
 }
@@ -150,9 +145,11 @@ fn api_error_event(e: &ApiError, client_event: Option<&str>) -> Value {
 
 impl RealtimeSession {
     fn new(state: Arc<AppState>, permit: OwnedSemaphorePermit) -> Self {
+        let id = new_id("sess_");
         RealtimeSession {
+            live: Live::new(state.clone(), id.clone()),
             state,
-            id: new_id("sess_"),
+            id,
             conversation_id: new_id("conv_"),
             config: SessionConfig {
                 instructions: String::new(),
@@ -173,7 +170,7 @@ impl RealtimeSession {
         json!({"type": "realtime", "id": self.id, "object": "realtime.session", "model": self.state.model.name,
                "output_modalities": ["text"], "instructions": self.config.instructions,
                "tools": self.config.tools, "tool_choice": self.config.tool_choice_raw,
-               "max_output_tokens": self.config.max_output_tokens})
+               "max_output_tokens": self.config.max_output_tokens, "video": self.live.settings.to_json()})
     }
 
     async fn run(mut self, ws: ServerSocket) {
@@ -202,18 +199,32 @@ impl RealtimeSession {
                     None => std::future::pending().await,
                 }
             };
+            let accepting = self.live.accepting();
             tokio::select! {
                 outcome = finished => {
                     self.active = None;
                     if let Some(o) = outcome {
                         self.absorb(o);
                     }
+                    self.live.after_response();
                 }
-                msg = stream.next() => match msg {
+                done = self.live.next_done() => {
+                    let ctx = self.path_context();
+                    let result = self.live.on_done(done, &ctx);
+                    for e in result.events {
+                        let _ = out.send(Outgoing::Event(e)).await;
+                    }
+                    if result.cadence {
+                        self.run_cadence(&out).await;
+                    }
+                }
+                msg = stream.next(), if accepting => match msg {
                     Some(Ok(WsMessage::Text(t))) => self.on_text(t.as_str(), &out).await,
-                    Some(Ok(WsMessage::Binary(_))) => {
-                        let _ = out.send(Outgoing::Event(session_error("unsupported_frame",
-                            "binary frames are not supported: send JSON text frames", None, None))).await;
+                    Some(Ok(WsMessage::Binary(b))) => {
+                        let ctx = self.path_context();
+                        for e in self.live.append(b.to_vec(), None, &ctx) {
+                            let _ = out.send(Outgoing::Event(e)).await;
+                        }
                     }
                     Some(Ok(WsMessage::Close(_))) | None => break None,
                     Some(Ok(_)) => {}
@@ -245,6 +256,53 @@ impl RealtimeSession {
         let _ = writer.await;
         self.state.engine.close_session(&self.id).await;
         self.state.metrics.sessions.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// What precedes the chunks in the stream path.
+    fn path_context(&self) -> PathContext {
+        PathContext {
+            instructions: self.config.instructions.clone(),
+            tools: self.config.chat_tools.clone(),
+            tool_choice: self.config.tool_choice.clone(),
+        }
+    }
+
+    /// Starts a cadence question unless a response runs (then the tick is skipped).
+    async fn run_cadence(&mut self, out: &mpsc::Sender<Outgoing>) {
+        if self.active.is_some() {
+            tracing::debug!(session = %self.id, "cadence tick skipped: a response is running");
+            return;
+        }
+        self.state.metrics.request(Endpoint::Realtime);
+        let plan = self.cadence_plan();
+        if let Err(e) = self.start_response(plan, out).await {
+            let _ = out.send(Outgoing::Event(api_error_event(&e, None))).await;
+        }
+    }
+
+    /// `input_video_buffer.append`: `video` (base64) and an optional `timestamp_ms`.
+    fn video_append(&mut self, obj: &Map<String, Value>) -> ApiResult<Vec<Value>> {
+        let f = Fields::new(obj);
+        let data = f.require::<String>("video", "a base64 string")?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .map_err(|e| {
+                ApiError::invalid(
+                    "invalid_value",
+                    Some("video"),
+                    format!("`video` is not base64: {e}"),
+                )
+            })?;
+        let ts = f.get::<f64>("timestamp_ms", "a number")?;
+        if ts.is_some_and(|t| !t.is_finite() || t < 0.0) {
+            return Err(ApiError::invalid(
+                "invalid_value",
+                Some("timestamp_ms"),
+                "`timestamp_ms` must be a finite number >= 0",
+            ));
+        }
+        let ctx = self.path_context();
+        Ok(self.live.append(bytes, ts, &ctx))
     }
 
     fn absorb(&mut self, o: Outcome) {
@@ -313,8 +371,17 @@ impl RealtimeSession {
             }),
             "response.create" => {
                 self.state.metrics.request(Endpoint::Realtime);
-                self.create_response(obj, out).await
+                match self.response_plan(obj) {
+                    Ok(plan) => self.start_response(plan, out).await.map(|()| Vec::new()),
+                    Err(e) => Err(e),
+                }
             }
+            "input_video_buffer.append" => self.video_append(obj),
+            "input_video_buffer.commit" => {
+                let ctx = self.path_context();
+                Ok(self.live.commit(&ctx))
+            }
+            "input_video_buffer.clear" => Ok(self.live.clear()),
             "response.cancel" => match &self.active {
                 Some(a)
                     if obj
@@ -382,6 +449,10 @@ impl RealtimeSession {
         if let Some(m) = f.raw("max_output_tokens") {
             max_tokens(m, "session.max_output_tokens")?;
             self.config.max_output_tokens = m.clone();
+        }
+        if let Some(v) = f.object("video")? {
+            let next = self.live.settings.updated(v, self.live.stream_open())?;
+            self.live.set_settings(next);
         }
         Ok(vec![event(
             "session.updated",
@@ -455,294 +526,4 @@ impl RealtimeSession {
             json!({"item_id": id}),
         )])
     }
-
-    async fn create_response(
-        &mut self,
-        obj: &Map<String, Value>,
-        out: &mpsc::Sender<Outgoing>,
-    ) -> ApiResult<Vec<Value>> {
-        if self.active.is_some() {
-            return Err(ApiError::invalid(
-                "conversation_already_has_active_response",
-                None,
-                "a response is already in progress; cancel it or wait for response.done",
-            ));
-        }
-        let empty = Map::new();
-        let r = Fields::new(obj).object("response")?.unwrap_or(&empty);
-        let f = Fields::nested(r, "response");
-        let mut config = self.config.clone();
-        if let Some(i) = f.str("instructions")? {
-            config.instructions = i;
-        }
-        if f.raw("tools").is_some() {
-            let (flat, chat) = realtime_tools(&f)?;
-            config.tools = flat;
-            config.chat_tools = chat;
-        }
-        if let Some(tc) = f.raw("tool_choice") {
-            config.tool_choice = tool_choice(tc, &config.chat_tools)?;
-        }
-        let max_raw = f
-            .raw("max_output_tokens")
-            .cloned()
-            .unwrap_or(config.max_output_tokens.clone());
-        let max = max_tokens(&max_raw, "response.max_output_tokens")?;
-        let in_conversation = f.str("conversation")?.as_deref() != Some("none");
-        let items: Vec<Value> = match f.array("input")? {
-            Some(list) => {
-                let mut v = Vec::new();
-                for (i, it) in list.iter().enumerate() {
-                    let o = as_object(it, &format!("response.input[{i}]"))?;
-                    if o.get("type").and_then(Value::as_str) == Some("item_reference") {
-                        let id = o.get("id").and_then(Value::as_str).unwrap_or("");
-                        let at = self
-                            .position(id)
-                            .ok_or_else(|| item_not_found(id, "response.input"))?;
-                        v.push(self.items[at].clone());
-                    } else {
-                        v.push(Value::Object(clean_item(o, self.state.model.vision)?));
-                    }
-                }
-                v
-            }
-            None => self.items.clone(),
-        };
-        let mut context = Vec::new();
-        items_to_messages(&items, self.state.model.vision, &mut context)?;
-        name_tool_results(&mut context);
-        let messages = prompt_messages(Some(&config.instructions), &context);
-        let mut conv = Conversation {
-            messages,
-            tools: config.chat_tools.clone(),
-            tool_choice: config.tool_choice.clone(),
-            thinking: true,
-        };
-        let encoded = media::encode_media(&self.state, &context).await?;
-        encoded.substitute(&mut conv.messages);
-        let prompt_text = self.state.model.render(&conv)?;
-        let prefix = if in_conversation {
-            self.prefix.as_ref()
-        } else {
-            None
-        };
-        let prompt_ids = self.state.model.encode(&prompt_text, prefix)?;
-        let sampling = Sampling {
-            params: SamplingParams {
-                temperature: 0.8,
-                ..SamplingParams::default()
-            },
-            stop: Vec::new(),
-            max_tokens: max,
-            ignore_eos: false,
-        };
-        let mut valid = valid_request(
-            &self.state,
-            prompt_ids.clone(),
-            &sampling,
-            Some(self.id.clone()),
-        )?;
-        media::splice(&self.state, &mut valid, &encoded.items)?;
-        let (cancel, cancel_rx) = watch::channel(false);
-        let rx = generation::start(
-            &self.state,
-            GenRequest {
-                valid,
-                parser: self.state.model.parser(true),
-                skip_special: self.state.model.skip_special_in_output(),
-                stop: Vec::new(),
-                cancel: Some(cancel_rx),
-            },
-        )
-        .await?;
-        let previous = if in_conversation {
-            self.items
-                .last()
-                .and_then(|i| i["id"].as_str())
-                .map(String::from)
-        } else {
-            None
-        };
-        let metadata = f.raw("metadata").cloned().unwrap_or(Value::Null);
-        let resp = RealtimeResponse::new(previous, &self.conversation_id, max_raw, metadata);
-        let id = resp.id.clone();
-        let state = self.state.clone();
-        let out = out.clone();
-        let task = tokio::spawn(run_response(
-            state,
-            resp,
-            rx,
-            out,
-            in_conversation,
-            prompt_text,
-            prompt_ids,
-        ));
-        self.active = Some(Active { id, cancel, task });
-        Ok(Vec::new())
-    }
-}
-
-/// Streams one response and returns what joins the conversation.
-async fn run_response(
-    state: Arc<AppState>,
-    mut resp: RealtimeResponse,
-    mut rx: mpsc::Receiver<GenEvent>,
-    out: mpsc::Sender<Outgoing>,
-    in_conversation: bool,
-    prompt_text: String,
-    prompt_ids: Vec<u32>,
-) -> Outcome {
-    let send_all = |evs: Vec<Value>| {
-        let out = out.clone();
-        async move {
-            for e in evs {
-                if out.send(Outgoing::Event(e)).await.is_err() {
-                    return false;
-                }
-            }
-            true
-        }
-    };
-    send_all(vec![resp.created()]).await;
-    let mut summary: Option<GenSummary> = None;
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            GenEvent::Finished(s) => {
-                send_all(resp.finish(&s)).await;
-                summary = Some(s);
-                break;
-            }
-            GenEvent::Failed(e) => {
-                send_all(resp.fail(e.code, &e.message)).await;
-                break;
-            }
-            ev => {
-                let evs = resp.on_event(ev);
-                if !send_all(evs).await {
-                    break;
-                }
-            }
-        }
-    }
-    let prefix = summary
-        .filter(|s| s.finish != generation::Finish::Cancelled)
-        .map(|s| CachedPrefix {
-            prompt_text,
-            prompt_ids,
-            output_text: state.model.raw_text(&s.output_ids),
-            output_ids: s.output_ids,
-        });
-    Outcome {
-        output: std::mem::take(&mut resp.output),
-        in_conversation,
-        prefix,
-    }
-}
-
-fn item_not_found(id: &str, param: &str) -> ApiError {
-    ApiError::invalid(
-        "item_not_found",
-        Some(param),
-        format!("no conversation item with id `{id}`"),
-    )
-}
-
-/// An item as the conversation keeps it: audio parts dropped (accepted and ignored).
-fn clean_item(item: &Map<String, Value>, _vision: bool) -> ApiResult<Map<String, Value>> {
-    let mut item = item.clone();
-    if let Some(Value::Array(parts)) = item.get_mut("content") {
-        parts.retain(|p| {
-            !matches!(
-                p.get("type").and_then(Value::as_str),
-                Some("input_audio" | "output_audio" | "audio")
-            )
-        });
-        for p in parts.iter_mut() {
-            if p.get("type").and_then(Value::as_str) == Some("text") {
-                p["type"] = json!("input_text");
-            }
-        }
-    }
-    match item.get("type").and_then(Value::as_str) {
-        None | Some("message" | "function_call" | "function_call_output") => Ok(item),
-        Some(other) => Err(ApiError::invalid(
-            "invalid_value",
-            Some("item.type"),
-            format!("unknown item type `{other}`"),
-        )),
-    }
-}
-
-/// `max_output_tokens`: an integer, or `"inf"` (the context left).
-fn max_tokens(v: &Value, name: &str) -> ApiResult<Option<usize>> {
-    match v {
-        Value::String(s) if s == "inf" => Ok(None),
-        Value::Number(n)
-            if n.as_u64()
-                .is_some_and(|n| (1..=crate::request::MAX_OUTPUT_TOKENS as u64).contains(&n)) =>
-        {
-            Ok(n.as_u64().map(|n| n as usize))
-        }
-        _ => Err(ApiError::invalid(
-            "invalid_value",
-            Some(name),
-            format!(
-                "`{name}` must be an integer in [1, {}] or \"inf\"",
-                crate::request::MAX_OUTPUT_TOKENS
-            ),
-        )),
-    }
-}
-
-/// Realtime tools (flat, like Responses): `(as given, chat shape)`.
-fn realtime_tools(f: &Fields<'_>) -> ApiResult<(Vec<Value>, Vec<Value>)> {
-    let list = f.array("tools")?.cloned().unwrap_or_default();
-    let mut chat = Vec::new();
-    for (i, t) in list.iter().enumerate() {
-        let name = f.name(&format!("tools[{i}]"));
-        let o = as_object(t, &name)?;
-        if o.get("type").and_then(Value::as_str) != Some("function") {
-            return Err(ApiError::unsupported(
-                &format!("{name}.type"),
-                "only function tools",
-            ));
-        }
-        let fname = o
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| ApiError::missing(&format!("{name}.name")))?;
-        chat.push(json!({"type": "function", "function": {"name": fname,
-            "description": o.get("description").cloned().unwrap_or(Value::Null),
-            "parameters": o.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}}))}}));
-    }
-    Ok((list, chat))
-}
-
-fn tool_choice(v: &Value, chat_tools: &[Value]) -> ApiResult<ToolChoiceSpec> {
-    Ok(match v {
-        Value::String(s) if s == "auto" => ToolChoiceSpec::Auto,
-        Value::String(s) if s == "none" => ToolChoiceSpec::None,
-        Value::String(s) if s == "required" => ToolChoiceSpec::Required,
-        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
-            let name = o
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| ApiError::missing("tool_choice.name"))?;
-            if !chat_tools.iter().any(|t| t["function"]["name"] == name) {
-                return Err(ApiError::invalid(
-                    "unknown_tool",
-                    Some("tool_choice"),
-                    format!("`tool_choice` names `{name}`, which is not among `tools`"),
-                ));
-            }
-            ToolChoiceSpec::Function(name.into())
-        }
-        _ => {
-            return Err(ApiError::invalid(
-                "invalid_value",
-                Some("tool_choice"),
-                "`tool_choice` must be auto, none, required or a function",
-            ))
-        }
-    })
 }
