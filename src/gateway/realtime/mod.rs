@@ -246,9 +246,13 @@ impl RealtimeSession {
                 }
             }
         };
+        // The response and the stream's jobs end before the session is closed in
+        // the engine, so none of them can submit afterwards and pin it again.
         if let Some(a) = self.active.take() {
             a.task.abort();
+            let _ = a.task.await;
         }
+        self.live.shutdown().await;
         if let Some((code, reason)) = close {
             let _ = out.send(Outgoing::Close(code, reason)).await;
         }

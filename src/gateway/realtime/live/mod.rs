@@ -66,6 +66,7 @@ use caracal_media::video::{
 use caracal_media::{format_timestamp, MediaError, RgbImage};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 
 mod decode;
 mod path;
@@ -246,6 +247,9 @@ pub struct Live {
     pub settings: VideoSettings,
     /// Bumped by `clear`: results of older jobs are discarded.
     epoch: u64,
+    /// The stream's jobs (decode, encode, prefill, path release), aborted and
+    /// joined when the session ends so none submits after its `close_session`.
+    jobs: JoinSet<()>,
     /// Appends and commits not yet decoded.
     ops: VecDeque<Op>,
     /// Bytes in `ops`.
@@ -348,6 +352,7 @@ impl Live {
             session,
             settings: VideoSettings::default(),
             epoch: 0,
+            jobs: JoinSet::new(),
             ops: VecDeque::new(),
             ops_bytes: 0,
             open: false,
@@ -371,6 +376,20 @@ impl Live {
             rx,
             tx,
         }
+    }
+
+    /// Runs a job of the stream (finished ones are reaped here, so the set
+    /// holds only what still runs).
+    fn spawn(&mut self, job: impl std::future::Future<Output = ()> + Send + 'static) {
+        while self.jobs.try_join_next().is_some() {}
+        self.jobs.spawn(job);
+    }
+
+    /// Ends the stream's jobs: aborted, then joined, so that no decode, encode,
+    /// prefill or release reaches the engine after this returns.
+    pub async fn shutdown(&mut self) {
+        self.jobs.abort_all();
+        while self.jobs.join_next().await.is_some() {}
     }
 
     /// Whether a stream is open (then `fps` and `format` are fixed).
@@ -640,7 +659,7 @@ impl Live {
             };
             let (epoch, tx, format) = (self.epoch, self.tx.clone(), self.settings.format);
             self.decoding = true;
-            tokio::spawn(async move {
+            self.spawn(async move {
                 let job =
                     tokio::task::spawn_blocking(move || decode(source, batch, format, &options));
                 let done = match job.await {
@@ -757,7 +776,7 @@ impl Live {
         };
         self.encoding = Some(raw.meta.seq);
         let (state, tx, epoch) = (self.state.clone(), self.tx.clone(), self.epoch);
-        tokio::spawn(async move {
+        self.spawn(async move {
             let (images, times) = raw.frames.into_iter().map(|f| (f.image, f.time)).unzip();
             let result = match state.media.as_ref() {
                 Some(m) => media::encode_frames(m, images, times, PARAM)
@@ -812,7 +831,7 @@ impl Live {
                 });
                 self.prefilling = Some(seq);
                 let (state, tx, epoch) = (self.state.clone(), self.tx.clone(), self.epoch);
-                tokio::spawn(async move {
+                self.spawn(async move {
                     let result = prefill(&state, valid).await;
                     let done = Done::Prefilled {
                         epoch,
@@ -881,14 +900,14 @@ impl Live {
     /// Releases the cached path `key` from token `from` on (a job; `window_evicted`
     /// follows when `evicted` is given).
     fn release(
-        &self,
+        &mut self,
         session: Option<String>,
         key: Vec<u64>,
         from: usize,
         evicted: Option<EvictedSummary>,
     ) {
         let (state, tx) = (self.state.clone(), self.tx.clone());
-        tokio::spawn(async move {
+        self.spawn(async move {
             let pages = state.engine.drop_path(session.as_deref(), key, from).await;
             if evicted.is_some() {
                 let _ = tx.send(JobResult(Done::Released { evicted, pages })).await;
