@@ -5,8 +5,11 @@
 //! frame count before decoding: the container's `nb_frames` when it has one (MP4), as
 //! PyAV's `stream.frames` gives transformers; otherwise (fragmented MP4, WebM, MPEG-TS,
 //! raw H.264, where transformers' PyAV loader finds 0 frames and refuses the video) a
-//! demux-only pass counts the video packets, which costs no decoding. Decoding stops after
-//! the last wanted index, as transformers' loader does.
+//! demux-only pass counts the video packets, which costs no decoding. The same pass reads
+//! the packets' pts for the `video::skip` plan: packets of untaken frames skip
+//! decoding where the decoder allows (non-reference frames), and a file the plan does not
+//! fit is decoded again in full. Decoding stops after the last wanted index, as
+//! transformers' loader does.
 //!
 //! PNG and JPEG bytes (sniffed, with [`Container::Auto`]) become one frame through
 //! [`crate::decode_image`].
