@@ -12,7 +12,12 @@ Clips are made by the ``ffmpeg`` CLI from the ``testsrc`` pattern at 64x48 pixel
 * live containers of one 2 s, 30 fps clip: ``live.ts`` (MPEG-TS), ``live_frag.mp4``
   (fragmented MP4, ``empty_moov``), ``live.webm`` (VP8 in WebM written as a live stream,
   as a browser's MediaRecorder sends it), ``live.h264`` (raw H.264 Annex B, no B-frames);
-* ``frame.png`` and ``frame.jpg``: single frames for the image path.
+* ``frame.png`` and ``frame.jpg``: single frames for the image path;
+* ``bframes.mp4`` and ``vfr_bframes.mp4``: 120 frames of ``testsrc2`` at 160x96 with
+  ``-bf 3 -b_strategy 0 -b-pyramid normal`` (so some B-frames are references), at 30 fps
+  and at a variable rate (40 frames at 30 fps, 40 at 10, 40 at 15), for the test that
+  skipping untaken non-reference frames changes no taken frame (``video_skip.rs``; no
+  reference answers, the test compares the decoder with and without the skip).
 
 ``reference.json`` holds, per clip, what transformers 5.23's ``Kimi_K25VideoProcessor``
 selects when it decodes the file with PyAV, exactly as ``transformers.video_utils.
@@ -102,6 +107,18 @@ def make_clips() -> None:
     ffmpeg(*testsrc(30, 2), *X264, "-bf", "0", "-g", "30", "-f", "h264", str(OUT / "live.h264"))
     ffmpeg(*testsrc(1, 1), "-frames:v", "1", str(OUT / "frame.png"))
     ffmpeg(*testsrc(1, 1), "-frames:v", "1", "-q:v", "3", str(OUT / "frame.jpg"))
+    pyramid = [*X264, "-bf", "3", "-b_strategy", "0", "-b-pyramid", "normal", "-g", "60"]
+    src2 = ["-f", "lavfi", "-i", "testsrc2=duration=4:size=160x96:rate=30"]
+    ffmpeg(*src2, *pyramid, str(OUT / "bframes.mp4"))
+    ffmpeg(
+        *src2,
+        "-vf",
+        "setpts='if(lt(N,40),N/30,if(lt(N,80),4/3+(N-40)/10,16/3+(N-80)/15))/TB'",
+        "-fps_mode",
+        "passthrough",
+        *pyramid,
+        str(OUT / "vfr_bframes.mp4"),
+    )
 
 
 def moonshot_indices(total: int, src_fps: float, fps: float) -> list[int]:

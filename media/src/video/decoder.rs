@@ -4,7 +4,10 @@
 //! the keyframe gate, the limits and the [`Picker`]; only kept frames are converted
 //! ([`crate::video::convert`]). Frame indices count frames in presentation order as the
 //! decoder emits them (what PyAV's `container.decode(video=0)` enumerates, which the
-//! transformers sampler indexes), starting at the first keyframe.
+//! transformers sampler indexes), starting at the first keyframe. With a
+//! [`SkipPlan`] (files) packets of untaken frames go to the decoder with
+//! `skip_frame = nonref`, and a frame's index is the rank of its `pts` instead
+//! ([`crate::video::skip`]).
 
 use std::time::Instant;
 
@@ -12,13 +15,14 @@ use ffmpeg::codec::{self, Parameters};
 use ffmpeg::format::context::Input;
 use ffmpeg::media::Type;
 use ffmpeg::util::frame::Video as AvFrame;
-use ffmpeg::{Dictionary, Packet, Rational};
+use ffmpeg::{Dictionary, Discard, Packet, Rational};
 use ffmpeg_next as ffmpeg;
 
 use crate::error::{MediaError, Result};
 use crate::resize::plan_resize;
 use crate::video::convert::Converter;
 use crate::video::sample::LiveSelector;
+use crate::video::skip::SkipPlan;
 use crate::video::{OutputSize, VideoFrame, VideoInfo, VideoOptions};
 
 /// What the demuxer says about the video stream, read before any packet.
@@ -165,8 +169,10 @@ pub(crate) struct FrameDecoder {
     keyframe_seen: bool,
     /// Video packets received.
     pub(crate) packets: u64,
-    /// Frames the decoder emitted (the next frame's index).
+    /// The next frame's index (frames the decoder emitted, when none are skipped).
     pub(crate) decoded: u64,
+    /// Frames the decoder emitted.
+    pub(crate) produced: u64,
     /// Frames kept.
     kept: u64,
     /// Timestamp of the first frame: times are relative to it.
@@ -175,6 +181,10 @@ pub(crate) struct FrameDecoder {
     frame: AvFrame,
     /// Whether the codec context started with a known frame size.
     sized: bool,
+    /// Files: which packets may skip decoding, and the frames' indices.
+    skip: Option<SkipPlan>,
+    /// Whether a decoded frame did not fit `skip` (the decode is then redone without).
+    pub(crate) plan_broken: bool,
 }
 
 // SAFETY: every FFmpeg object here is used only through `&mut FrameDecoder`.
@@ -228,11 +238,25 @@ impl FrameDecoder {
             keyframe_seen: false,
             packets: 0,
             decoded: 0,
+            produced: 0,
             kept: 0,
             first_ts: None,
             frame: AvFrame::empty(),
             sized: header.info.width > 0 && header.info.height > 0,
+            skip: None,
+            plan_broken: false,
         })
+    }
+
+    /// Whether bitstream errors fail the decode (`VideoOptions::strict`).
+    pub(crate) fn strict(&self) -> bool {
+        self.options.strict
+    }
+
+    /// Decodes with `plan`: packets of untaken frames skip decoding where they can.
+    pub(crate) fn with_skip_plan(mut self, plan: SkipPlan) -> Self {
+        self.skip = Some(plan);
+        self
     }
 
     /// Feeds one packet of the video stream; kept frames are appended to `out`.
@@ -257,6 +281,15 @@ impl FrameDecoder {
                 return Ok(());
             }
             self.keyframe_seen = true;
+        }
+        if let Some(plan) = &self.skip {
+            // Read by the decoder when it takes this packet (send_packet decodes it, or,
+            // with frame threads, copies the setting to the thread that will).
+            self.decoder.skip_frame(if plan.may_skip(packet.pts()) {
+                Discard::NonReference
+            } else {
+                Discard::Default
+            });
         }
         if let Err(e) = self.decoder.send_packet(packet) {
             if let Some(refused) = self.size_refused() {
@@ -293,6 +326,14 @@ impl FrameDecoder {
         // Errors here mean the decoder is already flushed.
         let _ = self.decoder.send_eof();
         self.drain(picker, out)
+    }
+
+    /// Marks the skip plan broken; the error makes the file path decode again without it.
+    fn broken(&mut self) -> MediaError {
+        self.plan_broken = true;
+        MediaError::VideoDecode {
+            reason: "decoded frames do not follow the packet index".into(),
+        }
     }
 
     fn check_time(&self, started: Instant) -> Result<()> {
@@ -335,9 +376,16 @@ impl FrameDecoder {
                 reason: format!("frame {} is marked corrupt", self.decoded),
             });
         }
-        let index = self.decoded;
-        self.decoded += 1;
-        let t = match self.frame.timestamp().or(self.frame.pts()) {
+        self.produced += 1;
+        let ts = self.frame.timestamp().or(self.frame.pts());
+        let interlaced = self.frame.is_interlaced();
+        let index = match self.skip.as_mut().map(|plan| plan.index_of(ts, interlaced)) {
+            Some(Ok(index)) => index,
+            Some(Err(_)) => return Err(self.broken()),
+            None => self.decoded,
+        };
+        self.decoded = index + 1;
+        let t = match ts {
             Some(ts) => {
                 let first = *self.first_ts.get_or_insert(ts);
                 (ts - first) as f64 * self.time_base

@@ -5,8 +5,11 @@
 //! frame count before decoding: the container's `nb_frames` when it has one (MP4), as
 //! PyAV's `stream.frames` gives transformers; otherwise (fragmented MP4, WebM, MPEG-TS,
 //! raw H.264, where transformers' PyAV loader finds 0 frames and refuses the video) a
-//! demux-only pass counts the video packets, which costs no decoding. Decoding stops after
-//! the last wanted index, as transformers' loader does.
+//! demux-only pass counts the video packets, which costs no decoding. The same pass reads
+//! the packets' pts for the `video::skip` plan: packets of untaken frames skip
+//! decoding where the decoder allows (non-reference frames), and a file the plan does not
+//! fit is decoded again in full. Decoding stops after the last wanted index, as
+//! transformers' loader does.
 //!
 //! PNG and JPEG bytes (sniffed, with [`Container::Auto`]) become one frame through
 //! [`crate::decode_image`].
@@ -26,8 +29,9 @@ use crate::error::{MediaError, Result};
 use crate::resample::resize_bicubic;
 use crate::video::container::{check_declared, open_input, seekable_io, ProbeBudget};
 use crate::video::decoder::{
-    ff_reason, stream_header, target_size, FrameDecoder, Picker, DEFAULT_FPS,
+    ff_reason, stream_header, target_size, FrameDecoder, Picker, StreamHeader, DEFAULT_FPS,
 };
+use crate::video::skip::SkipPlan;
 use crate::video::{init, Container, DecodedVideo, Sniffed, VideoFrame, VideoOptions};
 
 /// Bytes read to sniff the format.
@@ -155,6 +159,7 @@ fn single_image(bytes: &[u8], options: &VideoOptions) -> Result<DecodedVideo> {
         total_frames: 1,
         src_fps: DEFAULT_FPS,
         frames: vec![frame],
+        decoded_frames: 1,
     })
 }
 
@@ -179,11 +184,23 @@ fn decode_whole(
     let header = stream_header(&input, container.name(), options)?;
     let src_fps = header.info.src_fps.unwrap_or(DEFAULT_FPS);
     let declared = header.info.declared_frames;
-    let total = if declared > 0 {
-        declared
+    let planned = options.skip_untaken && options.strict;
+    // One demux-only pass: the frame count where the container declares none, and the
+    // packets' pts for the skip plan. Where the count is declared, a failed pass only
+    // means no plan (the decoding pass reports what is wrong with the file).
+    let scan = if declared == 0 {
+        let mut scanning = open_input(origin.io()?, container, FILE_BUDGET)?;
+        Some(scan_packets(&mut scanning, header.index, options, started)?)
+    } else if planned {
+        open_input(origin.io()?, container, FILE_BUDGET)
+            .and_then(|mut scanning| scan_packets(&mut scanning, header.index, options, started))
+            .ok()
     } else {
-        let mut counting = open_input(origin.io()?, container, FILE_BUDGET)?;
-        count_packets(&mut counting, header.index, options, started)?
+        None
+    };
+    let total = match (&scan, declared) {
+        (_, 0) => scan.as_ref().map_or(0, |s| s.count),
+        _ => declared,
     };
     let wanted = options.sampling.indices(total, src_fps, options.fps);
     if wanted.len() as u64 > options.limits.max_frames {
@@ -191,48 +208,39 @@ fn decode_whole(
             limit: options.limits.max_frames,
         });
     }
+    let plan = scan
+        .filter(|_| planned)
+        .and_then(|s| SkipPlan::new(&s.pts, total, &wanted));
+    if let Some(plan) = plan {
+        let mut picker = Picker::Indices {
+            wanted: wanted.clone(),
+            next: 0,
+            src_fps,
+        };
+        let mut decoder = FrameDecoder::new(&header, options, false)?.with_skip_plan(plan);
+        let done = decode_packets(&mut input, &header, &mut decoder, &mut picker, started);
+        match done {
+            Ok(frames) if picker.exhausted() && !decoder.plan_broken => {
+                return Ok(DecodedVideo {
+                    info: header.info,
+                    total_frames: total,
+                    src_fps,
+                    frames,
+                    decoded_frames: decoder.produced,
+                })
+            }
+            // The plan did not fit, or the file failed: decoding every frame gives the
+            // answer (or the error) the file has without the plan.
+            _ => input = open_input(origin.io()?, container, FILE_BUDGET)?,
+        }
+    }
     let mut picker = Picker::Indices {
         wanted,
         next: 0,
         src_fps,
     };
     let mut decoder = FrameDecoder::new(&header, options, false)?;
-    let mut frames = Vec::new();
-    let mut packet = Packet::empty();
-    loop {
-        match packet.read(&mut input) {
-            Ok(()) if packet.stream() == header.index => {
-                match decoder.send(&packet, &mut picker, &mut frames, started) {
-                    Ok(()) => {}
-                    // A bitstream error on the last packet of a file whose index promises
-                    // more frames is a cut file, not a corrupt one.
-                    Err(MediaError::VideoDecode { .. })
-                        if declared > decoder.decoded && at_end(&mut input) =>
-                    {
-                        return Err(MediaError::VideoTruncated {
-                            declared,
-                            decoded: decoder.decoded,
-                        });
-                    }
-                    Err(e) => return Err(e),
-                }
-                if picker.exhausted() {
-                    break;
-                }
-            }
-            Ok(()) => {}
-            Err(ffmpeg::Error::Eof) => break,
-            Err(ffmpeg::Error::InvalidData) if !options.strict => {}
-            Err(e) => {
-                return Err(MediaError::VideoDemux {
-                    reason: ff_reason(&e),
-                })
-            }
-        }
-    }
-    if !picker.exhausted() {
-        decoder.finish(&mut picker, &mut frames)?;
-    }
+    let frames = decode_packets(&mut input, &header, &mut decoder, &mut picker, started)?;
     if decoder.decoded == 0 {
         return Err(MediaError::VideoNoFrames {
             packets: decoder.packets,
@@ -249,7 +257,58 @@ fn decode_whole(
         total_frames: total,
         src_fps,
         frames,
+        decoded_frames: decoder.produced,
     })
+}
+
+/// Feeds the video packets of `input` to `decoder` until `picker` has every frame it
+/// wants or the stream ends (then the decoder is flushed); returns the kept frames.
+fn decode_packets(
+    input: &mut Input,
+    header: &StreamHeader,
+    decoder: &mut FrameDecoder,
+    picker: &mut Picker,
+    started: Instant,
+) -> Result<Vec<VideoFrame>> {
+    let declared = header.info.declared_frames;
+    let strict = decoder.strict();
+    let mut frames = Vec::new();
+    let mut packet = Packet::empty();
+    loop {
+        match packet.read(input) {
+            Ok(()) if packet.stream() == header.index => {
+                match decoder.send(&packet, picker, &mut frames, started) {
+                    Ok(()) => {}
+                    // A bitstream error on the last packet of a file whose index promises
+                    // more frames is a cut file, not a corrupt one.
+                    Err(MediaError::VideoDecode { .. })
+                        if declared > decoder.decoded && at_end(input) =>
+                    {
+                        return Err(MediaError::VideoTruncated {
+                            declared,
+                            decoded: decoder.decoded,
+                        });
+                    }
+                    Err(e) => return Err(e),
+                }
+                if picker.exhausted() {
+                    break;
+                }
+            }
+            Ok(()) => {}
+            Err(ffmpeg::Error::Eof) => break,
+            Err(ffmpeg::Error::InvalidData) if !strict => {}
+            Err(e) => {
+                return Err(MediaError::VideoDemux {
+                    reason: ff_reason(&e),
+                })
+            }
+        }
+    }
+    if !picker.exhausted() {
+        decoder.finish(picker, &mut frames)?;
+    }
+    Ok(frames)
 }
 
 /// Whether the demuxer has nothing after the current packet.
@@ -257,20 +316,37 @@ fn at_end(input: &mut Input) -> bool {
     matches!(Packet::empty().read(input), Err(ffmpeg::Error::Eof))
 }
 
-/// Counts the video packets of stream `index` without decoding them.
-fn count_packets(
+/// What a demux-only pass finds out about the video stream.
+struct Scan {
+    /// Video packets.
+    count: u64,
+    /// Their pts in decode order, from the first keyframe on (packets before it are
+    /// never decoded).
+    pts: Vec<Option<i64>>,
+}
+
+/// Counts the video packets of stream `index` and reads their pts, without decoding.
+fn scan_packets(
     input: &mut Input,
     index: usize,
     options: &VideoOptions,
     started: Instant,
-) -> Result<u64> {
+) -> Result<Scan> {
     let mut packet = Packet::empty();
-    let mut count = 0u64;
+    let mut scan = Scan {
+        count: 0,
+        pts: Vec::new(),
+    };
     loop {
         match packet.read(input) {
-            Ok(()) if packet.stream() == index => count += 1,
+            Ok(()) if packet.stream() == index => {
+                scan.count += 1;
+                if !scan.pts.is_empty() || packet.is_key() {
+                    scan.pts.push(packet.pts());
+                }
+            }
             Ok(()) => {}
-            Err(ffmpeg::Error::Eof) => return Ok(count),
+            Err(ffmpeg::Error::Eof) => return Ok(scan),
             Err(ffmpeg::Error::InvalidData) if !options.strict => {}
             Err(e) => {
                 return Err(MediaError::VideoDemux {

@@ -12,7 +12,8 @@
 //!   (VideoLimits: bytes, declared size, duration)                      │
 //!   total frames (declared nb_frames, else a demux-only packet count)  ▼
 //!   SamplingMode::indices(total, src_fps, fps) ──▶ Picker ──▶ FrameDecoder ──▶ Vec<VideoFrame>
-//!                                                    keyframe gate, limits, convert kept only
+//!   packet pts (demux-only) ──▶ SkipPlan ──┘  keyframe gate, skip_frame=nonref for untaken
+//!                                             frames, limits, convert kept only
 //! live chunks ──LiveDecoder::push──▶ demux thread (blocking reader) ──packets──▶
 //!   FrameDecoder on the caller's thread, LiveSelector by pts ──▶ frames as they complete
 //! PNG / JPEG ──crate::decode_image──▶ one VideoFrame
@@ -26,6 +27,8 @@
 //! - [`limits`] — [`VideoLimits`].
 //! - [`convert`] — [`ScalePath`] (exact: RGB at source size then Pillow-exact resize, the
 //!   default; fast: one swscale step).
+//! - `skip` — the plan that keeps untaken non-reference frames of a file from being
+//!   decoded at all (taken frames are bit-identical; [`VideoOptions::skip_untaken`]).
 //! - [`file`] — [`decode_video_file`], [`decode_video_bytes`], [`image_frame`].
 //! - [`live`] — [`LiveDecoder`].
 //! - `crate::timestamp` — [`format_timestamp`] (`HH:MM:SS.mmm`, shared with the chunk prompts).
@@ -40,6 +43,7 @@ pub mod file;
 pub mod limits;
 pub mod live;
 pub mod sample;
+mod skip;
 
 use std::sync::Once;
 
@@ -110,6 +114,14 @@ pub struct VideoOptions {
     /// errors are concealed and whatever decodes is returned (frames the decoder drops
     /// shift the indices after them).
     pub strict: bool,
+    /// Files and buffers in strict mode: packets whose frame the sampler does not take
+    /// go to the decoder with `skip_frame = nonref`, so untaken frames that no other
+    /// frame references are never decoded (default true). Taken frames, their indices
+    /// and timestamps are identical either way; a file where the packet index does not
+    /// map to frame indices with certainty is decoded in full. One difference: a
+    /// bitstream error inside a skipped frame is not seen, so strict mode refuses only
+    /// errors in the frames it decodes. Live streams decode every frame.
+    pub skip_untaken: bool,
 }
 
 impl Default for VideoOptions {
@@ -122,6 +134,7 @@ impl Default for VideoOptions {
             limits: VideoLimits::default(),
             threads: 1,
             strict: true,
+            skip_untaken: true,
         }
     }
 }
@@ -195,6 +208,9 @@ pub struct DecodedVideo {
     pub src_fps: f64,
     /// Kept frames, in presentation order.
     pub frames: Vec<VideoFrame>,
+    /// Frames the decoder produced: with [`VideoOptions::skip_untaken`], untaken
+    /// non-reference frames are not decoded and not counted (1 for a PNG or JPEG).
+    pub decoded_frames: u64,
 }
 
 /// Limits FFmpeg's log to fatal messages, once per process: failures reach callers as
