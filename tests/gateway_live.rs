@@ -16,7 +16,9 @@
 //! --ignored live_long`) streams generated video faster than real time for that
 //! many media minutes with a window and a cadence, and prints per media minute the
 //! server's RSS, `caracal_kv_pages_used`, an on-demand question's TTFT, the cadence
-//! questions' cached fraction and the chunk latency p50/p99 (`live_long.csv`).
+//! questions' cached fraction and the chunk latency p50/p99 (`live_long.csv`, or
+//! `LIVE_CSV`); `LIVE_WINDOW_SECONDS` (default 60) sets the window and
+//! `LIVE_MM_CACHE_BYTES` the server's `--mm-cache-bytes`.
 
 mod common;
 mod gateway_support;
@@ -627,6 +629,11 @@ async fn live_long() {
     // chunk a stream encodes until it is full; `LIVE_MM_CACHE_BYTES` bounds it lower so
     // the run shows where the server's RSS levels off.
     let cache = std::env::var("LIVE_MM_CACHE_BYTES").unwrap_or_else(|_| (512u64 << 20).to_string());
+    // `LIVE_WINDOW_SECONDS` (default 60): the media seconds the window keeps.
+    let window: f64 = std::env::var("LIVE_WINDOW_SECONDS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(60.0);
     let server = common::serve::ServeProcess::start(
         &[
             "--served-model-name",
@@ -646,7 +653,7 @@ async fn live_long() {
     s.until("conversation.created").await;
     s.send(
         json!({"type": "session.update", "session": {"video": {"fps": 2, "format": "mpegts",
-        "window_seconds": 60, "analysis_interval": 10, "analysis_max_output_tokens": 4}}}),
+        "window_seconds": window, "analysis_interval": 10, "analysis_max_output_tokens": 4}}}),
     )
     .await;
     s.until("session.updated").await;
