@@ -855,11 +855,7 @@ fn q8_dot<const MW: usize, const NX: usize>(
 
 pub mod panel;
 #[cfg(target_arch = "x86_64")]
-mod panel_x86;
-#[cfg(target_arch = "x86_64")]
 mod x86;
 
-#[cfg(test)]
-mod panel_tests;
 #[cfg(test)]
 mod tests;

@@ -41,6 +41,11 @@ use rayon::prelude::*;
 
 use super::{check_layout, BLOCK_BYTES, BLOCK_ELEMS, E2M1_X2_U8, E8M0_TABLE, ZERO_BLOCK_SCALE};
 use crate::error::Result;
+
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 use crate::split::{for_row_ranges, OutPtr};
 
 /// Output rows per panel: one 512-bit register of int32 lanes.
@@ -381,7 +386,7 @@ fn quantize_rows(kernel: PanelKernel, x: &[f32], q: &mut [u8], d: &mut [f32], c:
     #[cfg(target_arch = "x86_64")]
     if kernel == PanelKernel::Avx512Vnni {
         // SAFETY: the kernel is only run when supported (asserted by matmul_with).
-        return unsafe { super::panel_x86::quantize_avx512(x, q, d, c) };
+        return unsafe { x86::quantize_avx512(x, q, d, c) };
     }
     let _ = kernel;
     for (((xb, qb), db), cb) in x
@@ -452,7 +457,7 @@ impl Tile<'_> {
         match kernel {
             #[cfg(target_arch = "x86_64")]
             PanelKernel::Avx512Vnni => unsafe {
-                use super::panel_x86::tile_avx512 as k;
+                use x86::tile_avx512 as k;
                 match m {
                     12 => k::<12>(self, &xs, out),
                     11 => k::<11>(self, &xs, out),
@@ -470,7 +475,7 @@ impl Tile<'_> {
             },
             #[cfg(target_arch = "x86_64")]
             PanelKernel::Avx2 => unsafe {
-                use super::panel_x86::tile_avx2 as k;
+                use x86::tile_avx2 as k;
                 match m {
                     2 => k::<2>(self, &xs, out),
                     _ => k::<1>(self, &xs, out),

@@ -1,8 +1,8 @@
-//! Tests of [`super::panel`]: the panel GEMM against the plain decoder and an
+//! Tests of [`super`]: the panel GEMM against the plain decoder and an
 //! f64 product, every kernel this CPU runs, odd shapes.
 
-use super::panel::{PanelKernel, Panels, PANEL_ROWS};
-use super::*;
+use super::{PanelKernel, Panels, PANEL_ROWS};
+use crate::mxfp4::*;
 use crate::testing::Rng;
 
 /// Random packed matrix with scale bytes around 2^0 (120..=130).

@@ -1,9 +1,9 @@
-//! x86-64 builds of the panel kernels ([`super::panel`]). Callers check CPU
+//! x86-64 builds of the panel kernels ([`super`]). Callers check CPU
 //! features; tiles and activation rows are sized by the caller.
 use std::arch::x86_64::*;
 
-use super::panel::{RowsQ, Tile};
-use super::{BLOCK_ELEMS, E2M1_X2_U8};
+use super::{RowsQ, Tile};
+use crate::mxfp4::{BLOCK_ELEMS, E2M1_X2_U8};
 
 /// [`E2M1_X2_U8`] four times: `vpermb` reads 6 index bits, so the high
 /// nibble's shifted-in bits need no mask.
@@ -168,7 +168,7 @@ pub(super) unsafe fn tile_avx2<const MR: usize>(t: &Tile<'_>, xs: &RowsQ<'_>, ou
     }
 }
 
-/// [`super::panel::quantize_block`] over whole rows with AVX-512: max |x| by
+/// [`super::quantize_block`] over whole rows with AVX-512: max |x| by
 /// a vector reduction, round-to-nearest-even, saturating packs to bytes.
 /// Bit-identical to the plain loop for finite blocks; non-finite blocks get
 /// `d = NaN` in both.
