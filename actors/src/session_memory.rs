@@ -283,8 +283,15 @@ impl SessionMemory {
                     let id = self.next_snapshot;
                     self.next_snapshot += 1;
                     self.snapshots.insert(id, Arc::new(states));
-                    if let Ok(Some(old)) = self.radix.set_snapshot(&c.key[..boundary], id) {
-                        self.snapshots.remove(&old);
+                    match self.radix.set_snapshot(&c.key[..boundary], id) {
+                        Ok(Some(old)) => {
+                            self.snapshots.remove(&old);
+                        }
+                        Ok(None) => {}
+                        // The tree did not take it: nothing would ever free it.
+                        Err(_) => {
+                            self.snapshots.remove(&id);
+                        }
                     }
                 }
                 if let Some(session) = c.session {

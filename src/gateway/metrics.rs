@@ -299,6 +299,12 @@ impl Metrics {
                 "Sessions with a pinned cache path.",
                 m.pinned_sessions as u64,
             );
+            gauge(
+                &mut out,
+                "caracal_kda_snapshots",
+                "Recurrent-state (KDA) snapshots held by the prefix cache.",
+                m.snapshots as u64,
+            );
             counter(
                 &mut out,
                 "caracal_prefix_lookup_tokens_total",
