@@ -658,7 +658,7 @@ async fn live_long() {
     .await;
     s.until("session.updated").await;
     let pid = server.child.id();
-    let header = "minute,rss_kib,kv_pages_used,question_ttft_ms,question_cached,cadence_cached_min,chunk_p50_ms,chunk_p99_ms,chunks,frames_dropped,evictions,prefill_tokens_per_media_s,kda_snapshots";
+    let header = "minute,rss_kib,kv_pages_used,question_ttft_ms,question_cached,cadence_cached_min,chunk_p50_ms,chunk_p99_ms,chunks,frames_dropped,evictions,prefill_tokens_per_media_s,kda_snapshots,vision_cache_bytes";
     println!("{header}");
     let mut rows = Vec::new();
     let (mut sent, mut added_ms, mut mark) = (0usize, 0u64, 0usize);
@@ -734,7 +734,7 @@ async fn live_long() {
             .map(|e| e["count"].as_u64().unwrap())
             .sum();
         let row = format!(
-            "{minute},{},{},{:.1},{:.4},{:.4},{:.1},{:.1},{},{dropped},{},{:.1},{}",
+            "{minute},{},{},{:.1},{:.4},{:.4},{:.1},{:.1},{},{dropped},{},{:.1},{},{}",
             rss_kib(pid),
             serve_metric(addr, "caracal_kv_pages_used").await,
             ttft.as_secs_f64() * 1000.0,
@@ -748,6 +748,7 @@ async fn live_long() {
                 .count(),
             prefill as f64 / 60.0,
             serve_metric(addr, "caracal_kda_snapshots").await,
+            serve_metric(addr, "caracal_vision_cache_bytes").await,
         );
         println!("{row}");
         rows.push(row);
