@@ -17,20 +17,10 @@ use caracal::chat::toolcall::{
 };
 use proptest::prelude::*;
 
-const K2_MARKERS: &[&str] = &[
-    "<|tool_calls_section_begin|>",
-    "<|tool_call_section_begin|>",
-    "<|tool_calls_section_end|>",
-    "<|tool_call_section_end|>",
-    "<|tool_call_begin|>",
-    "<|tool_call_argument_begin|>",
-    "<|tool_call_end|>",
-    "<think>",
-    "</think>",
-    "<|im_end|>",
-];
-const K3_MARKERS: &[&str] = &["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"];
-const HERMES_MARKERS: &[&str] = &["<tool_call>", "</tool_call>", "<think>", "</think>"];
+// The markers each format's parser recognises, as the parsers themselves list them.
+use caracal::chat::toolcall::hermes::HERMES_MARKERS;
+use caracal::chat::toolcall::kimi_k2::K2_MARKERS;
+use caracal::chat::toolcall::kimi_k3_parser::K3_MARKERS;
 
 /// Pieces of text that parsers treat specially, across the formats.
 const FRAGMENTS: &[&str] = &[

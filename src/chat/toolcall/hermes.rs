@@ -22,7 +22,7 @@ use super::{coalesce, json_string, MarkerScanner, Message, MessageContent, Parse
 use crate::chat::ChatMessage;
 
 /// The markers [`HermesStreamParser`] recognises.
-const HERMES_MARKERS: &[&str] = &["<tool_call>", "</tool_call>", "<think>", "</think>"];
+pub const HERMES_MARKERS: &[&str] = &["<tool_call>", "</tool_call>", "<think>", "</think>"];
 const CALL_OPEN: usize = 0;
 const CALL_CLOSE: usize = 1;
 const THINK_OPEN: usize = 2;

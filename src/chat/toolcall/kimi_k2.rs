@@ -119,7 +119,7 @@ pub fn render_k2(
 }
 
 /// The markers [`K2StreamParser`] recognises; the index names them in [`K2StreamParser::on_marker`].
-const K2_MARKERS: &[&str] = &[
+pub const K2_MARKERS: &[&str] = &[
     "<|tool_calls_section_begin|>",
     "<|tool_call_section_begin|>",
     "<|tool_calls_section_end|>",

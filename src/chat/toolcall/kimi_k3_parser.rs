@@ -19,7 +19,7 @@ fn unescape_attr(v: &str) -> String {
 }
 
 /// The markers [`K3StreamParser`] recognises.
-const K3_MARKERS: &[&str] = &["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"];
+pub const K3_MARKERS: &[&str] = &["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"];
 const OPEN: usize = 0;
 const CLOSE: usize = 1;
 const SEP: usize = 2;
