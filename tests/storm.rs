@@ -90,6 +90,27 @@ async fn normal_answer(addr: SocketAddr) -> Value {
            "tokens": v["usage"]["completion_tokens"]})
 }
 
+/// One short Responses WebSocket turn that must complete (a normal socket client is served).
+async fn normal_ws_turn(addr: SocketAddr) {
+    let mut ws = wire::ws(addr, "/v1/responses").await.expect("upgrade");
+    let create =
+        json!({"type": "response.create", "input": "hi", "max_output_tokens": 3, "store": false});
+    wire::ws_send(&mut ws, &create).await.expect("send");
+    loop {
+        match wire::ws_next(&mut ws).await {
+            wire::WsNext::Event(v)
+                if v["type"] == "response.completed" || v["type"] == "response.incomplete" =>
+            {
+                break
+            }
+            wire::WsNext::Event(v) if v["type"] == "error" => panic!("{v}"),
+            wire::WsNext::Event(_) => {}
+            other => panic!("the session ended: {other:?}"),
+        }
+    }
+    let _ = ws.close(None).await;
+}
+
 impl Storm {
     /// Starts `caracal serve` with `args` and takes the reference answer
     /// (twice: the second comes from the prefix cache, as later ones will).

@@ -7,7 +7,7 @@
 //! the connections that remain.
 
 use super::wire::{self, WsNext};
-use crate::{normal_answer, normal_request, storm, Storm, MODEL};
+use crate::{normal_answer, normal_request, normal_ws_turn, storm, Storm, MODEL};
 use serde_json::json;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -170,23 +170,7 @@ fn a_thousand_idle_and_half_open_connections_do_not_starve_a_client() {
         );
         // A normal client is served, over HTTP and over a WebSocket session.
         assert_eq!(normal_answer(addr).await, s.reference);
-        let mut ws = wire::ws(addr, "/v1/responses").await.expect("upgrade");
-        wire::ws_send(&mut ws, &json!({"type": "response.create", "input": "hi", "max_output_tokens": 3, "store": false}))
-            .await
-            .expect("send");
-        loop {
-            match wire::ws_next(&mut ws).await {
-                WsNext::Event(v)
-                    if v["type"] == "response.completed" || v["type"] == "response.incomplete" =>
-                {
-                    break
-                }
-                WsNext::Event(v) if v["type"] == "error" => panic!("{v}"),
-                WsNext::Event(_) => {}
-                other => panic!("the session ended: {other:?}"),
-            }
-        }
-        let _ = ws.close(None).await;
+        normal_ws_turn(addr).await;
         let health = wire::call(addr, "GET", "/health", None).await;
         assert_eq!(health.status, 200);
         let mut lines: Vec<String> = kinds.iter().map(|(k, n)| format!("{k}: {n}")).collect();

@@ -1,8 +1,8 @@
 //! Slow readers: clients that stop reading stall their own streams on
 //! credit (nothing buffers without bound) while others are served.
 
-use super::wire::{self, Sse, WsNext};
-use crate::{normal_answer, storm, Storm};
+use super::wire::{self, Sse};
+use crate::{normal_answer, normal_ws_turn, storm, Storm};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -71,23 +71,7 @@ fn slow_readers_stall_their_own_streams_and_others_are_served() {
                 "a normal client is served"
             );
         }
-        let mut ws = wire::ws(addr, "/v1/responses").await.expect("upgrade");
-        wire::ws_send(&mut ws, &json!({"type": "response.create", "input": "hi", "max_output_tokens": 3, "store": false}))
-            .await
-            .expect("send");
-        loop {
-            match wire::ws_next(&mut ws).await {
-                WsNext::Event(v)
-                    if v["type"] == "response.completed" || v["type"] == "response.incomplete" =>
-                {
-                    break
-                }
-                WsNext::Event(v) if v["type"] == "error" => panic!("{v}"),
-                WsNext::Event(_) => {}
-                other => panic!("the session ended: {other:?}"),
-            }
-        }
-        let _ = ws.close(None).await;
+        normal_ws_turn(addr).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let later = wire::metrics(addr).await;
         assert_eq!(
