@@ -193,6 +193,11 @@ async fn models_health_and_metrics_describe_the_server() {
         "caracal_prefix_cache_hit_tokens_total",
         "caracal_credit_stalls_total",
         "caracal_generation_tokens_total 3",
+        "caracal_kv_pages_cached",
+        "caracal_kv_pages_locked",
+        "caracal_kda_snapshots",
+        "caracal_engine_up 1",
+        "process_resident_memory_bytes",
     ] {
         assert!(text.contains(name), "metrics lack {name}:\n{text}");
     }
