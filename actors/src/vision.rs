@@ -27,7 +27,7 @@
 //! same bytes preprocessed to another grid never share rows. One encoder serves one
 //! model, so the processor settings are otherwise fixed. Results are `Arc<[f32]>`
 //! (`[num_tokens, out_dim]` row-major), shared between the cache and every request that
-//! asked for them. [`VisionStats`] is published after every event for `/metrics`.
+//! asked for them. [`VisionStats`] is published after every event (before the answers it counts) for `/metrics`.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -595,13 +595,20 @@ fn coordinate(
                 command = commands.recv(), if open => match command {
                     Some(EncodeCommand { request, reply }) => {
                         if let Submitted::Answer(reply, result) = state.submit(request, reply) {
+                            // Counters first, so a caller that reads them after its
+                            // answer sees its own request counted.
+                            let _ = stats.send(state.stats());
                             let _ = reply.send(result);
                         }
                     }
                     None => open = false,
                 },
                 result = done.recv() => match result {
-                    Some(result) => answer(state.complete(result)),
+                    Some(result) => {
+                        let answers = state.complete(result);
+                        let _ = stats.send(state.stats());
+                        answer(answers);
+                    }
                     None => {
                         answer(state.fail_all(VisionError::Stopped));
                         let _ = stats.send(state.stats());
