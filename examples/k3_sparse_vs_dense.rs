@@ -21,7 +21,7 @@
 //! Run:
 //!
 //! ```text
-//! cargo run --release --example k3_sparse_vs_dense
+//! cargo run --release --example k3_sparse_vs_dense [-- f32]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -455,11 +455,20 @@ fn main() -> Result<()> {
     ];
     let threads = rayon::current_num_threads();
     println!("K3 sparse vs dense decode: hidden {HIDDEN}, {LAYERS} layers (3 KDA + 1 MLA), latent {LATENT}, expert inter {MOE_INTER}, MXFP4 experts, dense MLP width {inter}; {threads} threads, greedy {DECODE_TOKENS} tokens after an 8-token prompt, best of {RUNS}");
+    // MXFP4 experts meet int8 activations, as under `caracal serve` and `caracal
+    // generate` (their `--quantized-activations` default); `f32` as the first
+    // argument measures the exact-product path instead.
+    let activations = match std::env::args().nth(1).as_deref() {
+        Some("f32") => caracal_kernels::Activations::F32,
+        _ => caracal_kernels::Activations::Int8,
+    };
+    let opts = caracal::checkpoint::LoadOptions { activations };
+    println!("quantized activations: {activations:?}");
     let mut models = Vec::new();
     for (_, tag, config, specs, _, _) in rows.iter() {
         let dir = root.join(tag);
         write_checkpoint(&dir, config, specs)?;
-        models.push(caracal::models::load(&dir)?);
+        models.push(caracal::models::load_with(&dir, &opts)?);
     }
     let mut speeds = vec![0.0f64; rows.len()];
     for _ in 0..RUNS {
