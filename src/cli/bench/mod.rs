@@ -11,6 +11,7 @@ mod client;
 mod load;
 mod plot;
 mod soak;
+mod workload;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -56,14 +57,14 @@ pub struct BenchArgs {
     request_rate: f64,
     /// With --url: the endpoint to call.
     #[arg(long, value_enum, default_value = "chat")]
-    endpoint: load::Endpoint,
+    endpoint: workload::Endpoint,
     /// With --url: `Authorization: Bearer KEY`.
     #[arg(long)]
     api_key: Option<String>,
     /// With --url: independent requests (serving) or multi-turn sessions
     /// appending tool results (agent-loop).
     #[arg(long, value_enum, default_value = "serving")]
-    scenario: load::Scenario,
+    scenario: workload::Scenario,
     /// agent-loop: sessions at once.
     #[arg(long, default_value_t = 16)]
     sessions: usize,
@@ -253,17 +254,17 @@ pub fn run(a: BenchArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
     if a.duration.is_none() && (a.csv.is_some() || a.plot.is_some()) {
         bail!("--csv and --plot belong to the soak: add --duration");
     }
-    if a.duration.is_some() && (a.url.is_none() || a.scenario != load::Scenario::AgentLoop) {
+    if a.duration.is_some() && (a.url.is_none() || a.scenario != workload::Scenario::AgentLoop) {
         bail!("--duration runs the soak: it needs --url and --scenario agent-loop");
     }
     if let Some(url) = a.url.clone() {
-        let soak = a.duration.map(|duration| soak::SoakConfig {
+        let soak = a.duration.map(|duration| workload::SoakConfig {
             duration,
             sample_interval: a.sample_interval,
             csv: a.csv.clone(),
             plot: a.plot.clone(),
         });
-        return load::run(load::LoadConfig {
+        return load::run(workload::LoadConfig {
             url,
             api_key: a.api_key,
             model: a.model,

@@ -22,7 +22,6 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,8 +32,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::client::{ServerError, Streamed, Target};
-use super::load::{append_turn, words, Dist, LoadConfig, Shape};
 use super::plot;
+use super::workload::{append_turn, words, Dist, LoadConfig, Shape, SoakConfig};
 
 /// Share of the duration treated as warm-up (excluded from the slopes).
 pub const WARMUP_SHARE: f64 = 0.2;
@@ -48,19 +47,6 @@ const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
 const ERROR_BACKOFF: Duration = Duration::from_millis(200);
 /// Error messages kept in the report.
 const KEPT_ERRORS: usize = 8;
-
-/// The soak's own settings (the rest is the agent-loop's [`LoadConfig`]).
-#[derive(Debug, Clone)]
-pub struct SoakConfig {
-    /// How long the sessions run.
-    pub duration: Duration,
-    /// Time between rows.
-    pub sample_interval: Duration,
-    /// CSV of the rows.
-    pub csv: Option<PathBuf>,
-    /// PNG of RSS, KV pages and TTFT p99 over time.
-    pub plot: Option<PathBuf>,
-}
 
 /// Parses `30m`, `120s`, `1h`, `500ms` or a bare number of seconds.
 pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
