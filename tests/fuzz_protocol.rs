@@ -21,6 +21,7 @@
 //! Long run: `FUZZ_SECS=600 cargo test --release --test fuzz_protocol --
 //! --ignored --nocapture`.
 
+mod common;
 mod fuzz_support;
 mod gateway_support;
 

@@ -8,6 +8,7 @@
 //! schema is a 400 naming the problem; `--tool-call-constraint off`
 //! (`ConstraintSetup::tool_calls = false`) leaves calls unconstrained.
 
+mod common;
 mod gateway_support;
 
 use std::sync::Arc;

@@ -4,6 +4,7 @@
 //! errors for bad input while the server keeps serving, API keys,
 //! cancellation by disconnect, and shutdown with a stream open.
 
+mod common;
 mod gateway_support;
 
 use std::time::Duration;

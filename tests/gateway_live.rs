@@ -558,20 +558,6 @@ async fn serve_metric(addr: std::net::SocketAddr, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{name} not in /metrics"))
 }
 
-/// A line of process `pid`'s `/proc/PID/status` in KiB: `VmRSS` (all resident
-/// memory), `RssAnon` (heap, stacks: what the server allocated) or `RssFile`
-/// (resident pages of mapped files: the binary and the checkpoint's mapped tensors).
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// The `p` quantile of `v` (sorted here), 0 when empty.
 fn quantile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -659,7 +645,6 @@ async fn live_long() {
     )
     .await;
     s.until("session.updated").await;
-    let pid = server.child.id();
     let header = "minute,rss_kib,rss_anon_kib,rss_file_kib,kv_pages_used,question_ttft_ms,question_cached,cadence_cached_min,chunk_p50_ms,chunk_p99_ms,chunks,frames_dropped,evictions,prefill_tokens_per_media_s,kda_snapshots,vision_cache_bytes";
     println!("{header}");
     let mut rows = Vec::new();
@@ -737,9 +722,9 @@ async fn live_long() {
             .sum();
         let row = format!(
             "{minute},{},{},{},{},{:.1},{:.4},{:.4},{:.1},{:.1},{},{dropped},{},{:.1},{},{}",
-            status_kib(pid, "VmRSS"),
-            status_kib(pid, "RssAnon"),
-            status_kib(pid, "RssFile"),
+            server.status_kib("VmRSS"),
+            server.status_kib("RssAnon"),
+            server.status_kib("RssFile"),
             serve_metric(addr, "caracal_kv_pages_used").await,
             ttft.as_secs_f64() * 1000.0,
             cached_fraction(&report),

@@ -3,6 +3,7 @@
 //! entry per generated token, and the values equal a log-softmax of the
 //! model's own logits computed in-process.
 
+mod common;
 mod gateway_support;
 
 use caracal::generate::{prompt_logits, LoadedModel};

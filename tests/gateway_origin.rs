@@ -7,6 +7,7 @@
 //! `realtime` gets it back as the chosen protocol; the console's files are
 //! served without the key, the API routes still need it.
 
+mod common;
 mod gateway_support;
 
 use std::net::SocketAddr;

@@ -3,6 +3,7 @@
 //! `response.done` with cached-token usage and Caracal's cache report,
 //! a tool result turn, cancellation, and errors that keep the session.
 
+mod common;
 mod gateway_support;
 
 use gateway_support::*;

@@ -3,6 +3,7 @@
 //! `previous_response_id` with cached prompt tokens, the store (retrieve,
 //! delete, `store: false`), replayed tool items, and cancellation.
 
+mod common;
 mod gateway_support;
 
 use gateway_support::*;

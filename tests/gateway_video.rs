@@ -15,6 +15,7 @@
 //! `gh·gw / 4`) plus its wrapper (the tokenized `chunk_prompt` minus its
 //! `<|media_pad|>`).
 
+mod common;
 mod gateway_support;
 
 use std::path::{Path, PathBuf};

@@ -5,6 +5,7 @@
 //! comes from the prefix cache; bad image input gets a stable error and the
 //! server keeps serving.
 
+mod common;
 mod gateway_support;
 
 use caracal::gateway::media::MediaConfig;

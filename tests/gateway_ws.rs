@@ -5,6 +5,7 @@
 //! session keeps serving; disconnect mid-turn; the session limit; and
 //! shutdown with a session open.
 
+mod common;
 mod gateway_support;
 
 use std::time::Duration;

@@ -579,40 +579,36 @@ fn coordinate(
         }
     };
     runtime.block_on(async move {
-        let mut open = true;
+        let (mut open, mut stopped) = (true, false);
+        // Answers of the last event, sent after the counters that count them, so a
+        // caller that reads the counters after its answer sees its own request.
+        let mut answers = Vec::new();
         loop {
             if let Some(batch) = state.next_batch() {
                 tracing::debug!(items = batch.keys.len(), "vision encode");
                 if work.send(batch).await.is_err() {
-                    answer(state.fail_all(VisionError::Stopped));
+                    answers.extend(state.fail_all(VisionError::Stopped));
                 }
             }
             let _ = stats.send(state.stats());
-            if !open && !state.busy() {
+            answer(std::mem::take(&mut answers));
+            if stopped || !open && !state.busy() {
                 break;
             }
             tokio::select! {
                 command = commands.recv(), if open => match command {
                     Some(EncodeCommand { request, reply }) => {
                         if let Submitted::Answer(reply, result) = state.submit(request, reply) {
-                            // Counters first, so a caller that reads them after its
-                            // answer sees its own request counted.
-                            let _ = stats.send(state.stats());
-                            let _ = reply.send(result);
+                            answers.push((reply, result));
                         }
                     }
                     None => open = false,
                 },
                 result = done.recv() => match result {
-                    Some(result) => {
-                        let answers = state.complete(result);
-                        let _ = stats.send(state.stats());
-                        answer(answers);
-                    }
+                    Some(result) => answers = state.complete(result),
                     None => {
-                        answer(state.fail_all(VisionError::Stopped));
-                        let _ = stats.send(state.stats());
-                        break;
+                        answers = state.fail_all(VisionError::Stopped);
+                        stopped = true;
                     }
                 },
             }

@@ -30,6 +30,25 @@ pub struct AttnShape {
 }
 
 impl AttnShape {
+    /// The shape of attention over an MLA latent cache in the absorbed form:
+    /// `heads` query heads share one KV head whose key is the whole `width`-wide
+    /// row `[c | k_pe]` and whose value is its first `v_dim` values.
+    ///
+    /// # Panics
+    /// If `v_dim` exceeds `width` (`what` names the caller in the message).
+    pub(crate) fn latent(heads: usize, width: usize, v_dim: usize, what: &str) -> AttnShape {
+        assert!(
+            v_dim <= width,
+            "{what}: v_dim {v_dim} exceeds the row width {width}"
+        );
+        AttnShape {
+            q_heads: heads,
+            kv_heads: 1,
+            head_dim: width,
+            v_dim,
+        }
+    }
+
     /// f32 values in one token's cache row: `kv_heads·(head_dim + v_dim)`.
     pub fn row_width(&self) -> usize {
         self.kv_heads * (self.head_dim + self.v_dim)

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: fixture paths and reference
 //! files, scratch folders, the SmolLM2 GGUF, and the real server binary as
-//! a child process ([`serve`]), and random tool schemas ([`schemas`]).
+//! a child process ([`serve`]), random tool schemas ([`schemas`]), and the
+//! Server-Sent Events framing the socket-level clients read ([`take_sse_data`]).
 //! (Deterministic test data comes from the one generator,
 //! `caracal_kernels::testing`.)
 //!
@@ -115,4 +116,22 @@ pub fn smollm2_gguf(what: &str) -> Option<PathBuf> {
         );
         None
     }
+}
+
+/// Takes the next complete Server-Sent Events frame (up to a blank line) off the
+/// front of `buf` and returns its `data:` lines joined; frames without data
+/// (comments, keep-alives) are skipped. `None` when `buf` holds no complete frame
+/// with data (read more bytes into it and call again).
+pub fn take_sse_data(buf: &mut String) -> Option<String> {
+    while let Some(end) = buf.find("\n\n") {
+        let frame: String = buf.drain(..end + 2).collect();
+        let data: String = frame
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect();
+        if !data.is_empty() {
+            return Some(data);
+        }
+    }
+    None
 }

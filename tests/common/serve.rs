@@ -62,6 +62,21 @@ impl ServeProcess {
         server
     }
 
+    /// A memory line of the server's `/proc/PID/status` in KiB: `VmRSS` (all
+    /// resident memory), `RssAnon` (heap and stacks: what the server allocated) or
+    /// `RssFile` (resident pages of mapped files: the binary and the checkpoint's
+    /// mapped tensors); 0 when it cannot be read.
+    pub fn status_kib(&self, field: &str) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
     /// `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)

@@ -1,5 +1,6 @@
 //! A real gateway on `127.0.0.1:0` over a tiny checkpoint, and small HTTP,
-//! SSE and WebSocket clients for the gateway tests.
+//! SSE and WebSocket clients for the gateway tests (SSE framing from
+//! `common::take_sse_data`: a test file using this module also declares `mod common;`).
 
 #![allow(dead_code)]
 
@@ -232,15 +233,7 @@ impl SseReader {
     /// The next `data:` JSON, or `None` at `[DONE]` or the end of the body.
     pub async fn next(&mut self) -> Option<Value> {
         loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let frame: String = self.buf.drain(..end + 2).collect();
-                let data: String = frame
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("data: "))
-                    .collect();
-                if data.is_empty() {
-                    continue;
-                }
+            if let Some(data) = crate::common::take_sse_data(&mut self.buf) {
                 if data == "[DONE]" {
                     self.done = true;
                     return None;

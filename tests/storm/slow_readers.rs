@@ -60,7 +60,7 @@ fn slow_readers_stall_their_own_streams_and_others_are_served() {
         };
         let stalls = stalled["caracal_credit_stalls_total"] - before["caracal_credit_stalls_total"];
         assert!(stalls > 0.0, "the slow readers' streams stalled on credit");
-        let rss_stalled = rss_kib(s.server.child.id());
+        let rss_stalled = s.server.status_kib("VmRSS");
         let tokens_per_stream = (stalled["caracal_forward_steps_total"]
             - before["caracal_forward_steps_total"]) as usize;
         // Others are served meanwhile (the slow streams keep their slots).
@@ -79,7 +79,7 @@ fn slow_readers_stall_their_own_streams_and_others_are_served() {
             (SSE_READERS + WS_READERS) as f64,
             "the slow streams are still open, paused"
         );
-        let rss_later = rss_kib(s.server.child.id());
+        let rss_later = s.server.status_kib("VmRSS");
         eprintln!(
             "slow readers: {SSE_READERS} SSE + {WS_READERS} WebSocket stalled after {tokens_per_stream} steps, \
              {stalls} credit stalls; RSS {rss_stalled} KiB stalled, {rss_later} KiB after 3 more requests"
@@ -88,17 +88,4 @@ fn slow_readers_stall_their_own_streams_and_others_are_served() {
         drop(sockets);
         s.settle("slow readers").await;
     });
-}
-
-/// The resident set of process `pid` in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
 }

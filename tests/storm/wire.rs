@@ -343,15 +343,7 @@ impl Sse {
     /// The next `data:` JSON; `None` at `[DONE]` or the end of the body.
     pub async fn next(&mut self) -> io::Result<Option<Value>> {
         loop {
-            if let Some(end) = self.text.find("\n\n") {
-                let frame: String = self.text.drain(..end + 2).collect();
-                let data: String = frame
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("data: "))
-                    .collect();
-                if data.is_empty() {
-                    continue;
-                }
+            if let Some(data) = crate::common::take_sse_data(&mut self.text) {
                 if data == "[DONE]" {
                     self.done = true;
                     return Ok(None);

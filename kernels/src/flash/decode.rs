@@ -160,17 +160,7 @@ pub fn latent_decode_attention_batch(
     scale: f32,
     out: &mut [f32],
 ) {
-    assert!(
-        v_dim <= pool.width,
-        "latent_decode_attention_batch: v_dim {v_dim} exceeds the row width {}",
-        pool.width
-    );
-    let shape = AttnShape {
-        q_heads: heads,
-        kv_heads: 1,
-        head_dim: pool.width,
-        v_dim,
-    };
+    let shape = AttnShape::latent(heads, pool.width, v_dim, "latent_decode_attention_batch");
     decode_with(
         Isa::best(),
         q,

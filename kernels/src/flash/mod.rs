@@ -137,17 +137,7 @@ pub fn latent_attention_tiled(
     scale: f32,
     out: &mut [f32],
 ) {
-    assert!(
-        v_dim <= pool.width,
-        "latent_attention_tiled: v_dim {v_dim} exceeds the row width {}",
-        pool.width
-    );
-    let shape = AttnShape {
-        q_heads: heads,
-        kv_heads: 1,
-        head_dim: pool.width,
-        v_dim,
-    };
+    let shape = AttnShape::latent(heads, pool.width, v_dim, "latent_attention_tiled");
     attend_with(
         Isa::best(),
         Call {
