@@ -11,8 +11,6 @@ mod common;
 
 use common::serve::{free_port, ServeProcess};
 
-use serde_json::Value;
-
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -28,29 +26,13 @@ impl Server {
             300,
         ))
     }
-
-    /// Runs `caracal bench --url <this server> <args>` and parses its JSON.
-    fn bench(&self, args: &[&str]) -> Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_caracal"))
-            .args(["bench", "--url", &self.0.url(), "--json"])
-            .args(args)
-            .output()
-            .expect("run caracal bench");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "bench failed:\n{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
-    }
 }
 
 #[test]
 fn bench_url_serving_and_agent_loop_against_caracal_serve() {
     let server = Server::start();
 
-    let r = server.bench(&[
+    let r = server.0.bench(&[
         "--num-prompts",
         "4",
         "--input-len",
@@ -81,7 +63,7 @@ fn bench_url_serving_and_agent_loop_against_caracal_serve() {
         );
     }
 
-    let r = server.bench(&[
+    let r = server.0.bench(&[
         "--scenario",
         "agent-loop",
         "--sessions",

@@ -26,6 +26,7 @@ use caracal::gateway::GatewayConfig;
 use caracal::text::tokenizer::TextTokenizer;
 use caracal_actors::runtime::EngineConfig;
 use gateway_support::*;
+use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
 /// Source frames per second and seconds of the test clip.
@@ -393,6 +394,91 @@ async fn bad_videos_get_the_media_error_kind_and_the_server_keeps_serving() {
         "{err}"
     );
     llama.shutdown().await.unwrap();
+}
+
+/// Past one decode running and `--max-waiting-videos 0` waiting, a video request is
+/// answered 503 `overloaded` with `Retry-After` at once (no unbounded line); the
+/// decodes that were let in finish, and a later request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_video_decode_line_answers_overloaded_and_keeps_serving() {
+    let dir = tempdir("caracal-video-line");
+    // A clip that takes a while to decode (250 frames of 640×480), sampled sparsely.
+    let path = dir.join("long.mp4");
+    let status = Command::new("ffmpeg")
+        .args(["-y", "-loglevel", "error", "-f", "lavfi", "-i"])
+        .arg("testsrc=duration=10:size=640x480:rate=25")
+        .args([
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-pix_fmt",
+            "yuv420p",
+        ])
+        .arg(&path)
+        .status()
+        .expect("the ffmpeg CLI runs (installed by .ci/run)");
+    assert!(status.success(), "ffmpeg made the clip");
+    let bytes = std::fs::read(&path).unwrap();
+    let model_dir = caracal::convert::synth::default_model_dir().unwrap();
+    let mut media = MediaConfig::for_model_type("kimi_k3");
+    media.ingest.threads = 1;
+    media.max_waiting_videos = 0;
+    media.max_video_bytes = bytes.len() + 16;
+    let server = start_media(
+        &model_dir,
+        GatewayConfig::default(),
+        EngineConfig::default(),
+        Some(media),
+    )
+    .await;
+    let body = serde_json::to_vec(&chat_with(
+        &[(data_url("video/mp4", &bytes), Some(0.5))],
+        "x",
+    ))
+    .unwrap();
+    let addr = server.addr;
+    // Six requests at once: one decodes, the others find the line full.
+    let sends: Vec<_> = (0..6)
+        .map(|_| {
+            let body = body.clone();
+            tokio::spawn(async move {
+                send(addr, "POST", "/v1/chat/completions", &[], Some(body)).await
+            })
+        })
+        .collect();
+    let (mut served, mut refused) = (0, 0);
+    for s in sends {
+        let resp = s.await.expect("the request task");
+        let status = resp.status().as_u16();
+        let retry = resp.headers().get("retry-after").cloned();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        match status {
+            200 => served += 1,
+            503 => {
+                refused += 1;
+                assert_eq!(v["error"]["code"], "overloaded", "{v}");
+                let msg = v["error"]["message"].as_str().unwrap_or("");
+                assert!(msg.contains("--max-waiting-videos"), "{msg}");
+                assert_eq!(retry.expect("a Retry-After header"), "1");
+            }
+            _ => panic!("unexpected {status}: {v}"),
+        }
+    }
+    eprintln!("video line: {served} served, {refused} refused");
+    assert!(served >= 1, "the first video is decoded and answered");
+    assert!(refused >= 1, "a full line refuses ({served} served)");
+    // Nothing is stuck: the same request alone is served.
+    let (status, v) = json(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_with(&[(data_url("video/mp4", &bytes), Some(0.5))], "x"),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    server.shutdown().await.unwrap();
 }
 
 #[test]

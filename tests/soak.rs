@@ -18,7 +18,6 @@
 //! assertions beyond the sampling cadence.
 
 use std::path::PathBuf;
-use std::process::Command;
 
 mod common;
 
@@ -59,27 +58,30 @@ fn two_minute_soak_keeps_memory_flat_without_errors() {
     );
     let dir = scratch("soak");
     let (csv, png) = (dir.join("soak.csv"), dir.join("soak.png"));
-    let out = Command::new(env!("CARGO_BIN_EXE_caracal"))
-        .args(["bench", "--url", &server.url(), "--json"])
-        .args(["--scenario", "agent-loop", "--duration", "2m"])
-        .args(["--sessions", "16", "--sample-interval", "15s"])
+    let r: Value = server.bench(&[
+        "--scenario",
+        "agent-loop",
+        "--duration",
+        "2m",
+        "--sessions",
+        "16",
+        "--sample-interval",
+        "15s",
         // Conversations of three short turns stay inside the fixture's
         // 256-token context; then each session starts a new one.
-        .args(["--turns", "3", "--input-len", "2", "--output-len", "3"])
-        .args(["--tool-result-len", "2"])
-        .arg("--csv")
-        .arg(&csv)
-        .arg("--plot")
-        .arg(&png)
-        .output()
-        .expect("run caracal bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "bench failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        "--turns",
+        "3",
+        "--input-len",
+        "2",
+        "--output-len",
+        "3",
+        "--tool-result-len",
+        "2",
+        "--csv",
+        csv.to_str().expect("a UTF-8 path"),
+        "--plot",
+        png.to_str().expect("a UTF-8 path"),
+    ]);
     let soak = &r["soak"];
 
     // The CSV: a header and a row every 15 s.

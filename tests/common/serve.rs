@@ -77,6 +77,23 @@ impl ServeProcess {
             .unwrap_or(0)
     }
 
+    /// Runs `caracal bench --url <this server> --json <args>`, asserts it
+    /// succeeded and returns its JSON report.
+    pub fn bench(&self, args: &[&str]) -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_caracal"))
+            .args(["bench", "--url", &self.url(), "--json"])
+            .args(args)
+            .output()
+            .expect("run caracal bench");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "bench failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+    }
+
     /// `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)

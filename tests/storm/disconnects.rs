@@ -33,6 +33,27 @@ fn has_arguments(v: &Value) -> bool {
         .is_some_and(|a| !a.is_empty())
 }
 
+/// Opens an SSE stream of `body` on `path`, reads `frames` events (or to the end)
+/// and hangs up: [`Cut::Finished`] when the stream had ended, else [`Cut::MidDecode`].
+async fn hang_up_after(addr: SocketAddr, path: &str, body: &Value, frames: usize) -> Cut {
+    let mut sse = Sse::open(addr, path, body)
+        .await
+        .expect("connect")
+        .expect("the stream opens");
+    let mut n = 0;
+    while n < frames {
+        match sse.next().await.expect("SSE frames") {
+            Some(_) => n += 1,
+            None => break,
+        }
+    }
+    if sse.done {
+        Cut::Finished
+    } else {
+        Cut::MidDecode
+    }
+}
+
 /// One client of the disconnect storm: kind `i % 7`, cut at a random point.
 async fn disconnecting_client(addr: SocketAddr, i: usize, seed: u64) -> (usize, Cut) {
     let mut rng = Rng::seeded(seed);
@@ -69,22 +90,7 @@ async fn disconnecting_client(addr: SocketAddr, i: usize, seed: u64) -> (usize, 
         1 => {
             let body = json!({"messages": [{"role": "user", "content": format!("Tell story {i}")}],
                               "max_tokens": 300, "stream": true, "ignore_eos": true});
-            let mut sse = Sse::open(addr, "/v1/chat/completions", &body)
-                .await
-                .expect("connect")
-                .expect("the stream opens");
-            let mut n = 0;
-            while n <= k {
-                match sse.next().await.expect("SSE frames") {
-                    Some(_) => n += 1,
-                    None => break,
-                }
-            }
-            if sse.done {
-                Cut::Finished
-            } else {
-                Cut::MidDecode
-            }
+            hang_up_after(addr, "/v1/chat/completions", &body, k + 1).await
         }
         // Mid-tool-call: required tool, arguments streaming.
         2 => {
@@ -113,22 +119,7 @@ async fn disconnecting_client(addr: SocketAddr, i: usize, seed: u64) -> (usize, 
         3 => {
             let body = json!({"input": format!("Explain topic {i}"), "stream": true,
                               "max_output_tokens": 300, "ignore_eos": true, "store": false});
-            let mut sse = Sse::open(addr, "/v1/responses", &body)
-                .await
-                .expect("connect")
-                .expect("the stream opens");
-            let mut n = 0;
-            while n <= k + 3 {
-                match sse.next().await.expect("SSE frames") {
-                    Some(_) => n += 1,
-                    None => break,
-                }
-            }
-            if sse.done {
-                Cut::Finished
-            } else {
-                Cut::MidDecode
-            }
+            hang_up_after(addr, "/v1/responses", &body, k + 4).await
         }
         // Responses WebSocket mode: a tool call or text; half close cleanly, half just drop.
         4 => {
