@@ -210,6 +210,11 @@ pub trait ExpertFfn: Send + Sync {
     fn forward_into(&self, x: &[f32], out: &mut [f32]) {
         out.copy_from_slice(&self.forward(x));
     }
+
+    /// Hints the start of the expert's weights into the caches, just before
+    /// [`ExpertFfn::forward_into`] runs it (a routed expert is chosen per
+    /// token, so its weights are often in DRAM). No effect on results.
+    fn prefetch(&self) {}
 }
 
 /// Runs the routed experts of one MoE layer for a batch of rows.
@@ -359,6 +364,7 @@ pub fn run_groups<'a, F>(
     let largest = tasks[0].1.len() / hidden.max(1);
     let serial = largest * threads <= groups.slots();
     tasks.into_par_iter().for_each(|(e, x, y)| {
+        expert(e).prefetch();
         if serial {
             caracal_kernels::threads::serial(|| expert(e).forward_into(x, y));
         } else {

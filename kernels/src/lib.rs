@@ -48,6 +48,7 @@ pub mod paged;
 pub mod q8;
 pub mod rope;
 pub mod sampling;
+mod simd;
 pub mod softmax;
 mod split;
 pub mod testing;

@@ -558,6 +558,20 @@ impl Matrix {
         out
     }
 
+    /// Hints the first `bytes` of the weights (and of their block scales)
+    /// into the caches, ahead of a product that will stream them.
+    pub fn prefetch(&self, bytes: usize) {
+        match &self.weights {
+            Weights::Panels(p) => p.prefetch(bytes),
+            Weights::Rows { data, scales } => {
+                crate::cpu::prefetch(data.bytes(), bytes);
+                if let Some(s) = scales {
+                    crate::cpu::prefetch(s.bytes(), bytes / 16);
+                }
+            }
+        }
+    }
+
     /// Bytes the weight holds: its row layout (blocks and scales for MXFP4),
     /// or for an int8 MXFP4 matrix its [`Panels::nbytes`], and nothing else.
     pub fn nbytes(&self) -> usize {

@@ -18,7 +18,7 @@
 //!    tree into one vector of `LANES` scores, key `j` in lane `j`.
 //! 2. Online softmax over key tiles of [`DECODE_TILE`] keys: per query head a
 //!    running max `m` and sum `l`; `P = exp(S − m')` with the vectorised exp
-//!    of [`super::simd`], keys in lanes.
+//!    of [`crate::simd`], keys in lanes.
 //! 3. `PV`: value dims in the lanes, `O[g] += P[g][j]·V[j]`, a register
 //!    block of `NC` value vectors × up to 6 query heads per pass over the
 //!    tile, with the rescale `α = exp(m − m')` folded into loading `O`.
@@ -42,12 +42,12 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::simd::{exp, Portable, Simd};
-#[cfg(target_arch = "x86_64")]
-use super::simd::{Avx2, Avx512};
 use crate::attention::AttnShape;
 use crate::cpu::Isa;
 use crate::paged::{KvPool, LayerRows};
+use crate::simd::{exp, Portable, Simd};
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{Avx2, Avx512};
 use crate::split::OutPtr;
 
 /// Calls `f::<..., GB>` with the const `GB` equal to `gb` (1..=8).
@@ -345,10 +345,11 @@ pub(super) fn decode_with(
         run_piece(isa, &job, p, sc, sink);
     };
     if pieces.len() <= 1 || threads <= 1 {
-        let mut sc = Scratch::default();
-        pieces.iter().for_each(|p| run(&mut sc, p));
+        Scratch::with(|sc| pieces.iter().for_each(|p| run(sc, p)));
     } else {
-        pieces.par_iter().for_each_init(Scratch::default, run);
+        pieces
+            .par_iter()
+            .for_each(|p| Scratch::with(|sc| run(sc, p)));
     }
     let parts = &parts;
     tasks.par_iter().for_each(|&(p, s0, n)| {
@@ -418,12 +419,11 @@ fn rows_in_lanes(
         super::run_piece(isa, &call(job, s), tile_piece(p), sc, sink);
     };
     if pieces.len() <= 1 || threads <= 1 {
-        let mut sc = super::Scratch::default();
-        pieces.iter().for_each(|p| run(&mut sc, p));
+        super::Scratch::with(|sc| pieces.iter().for_each(|p| run(sc, p)));
     } else {
         pieces
             .par_iter()
-            .for_each_init(super::Scratch::default, run);
+            .for_each(|p| super::Scratch::with(|sc| run(sc, p)));
     }
     let parts = &parts;
     tasks.par_iter().for_each(|&(p, s0, n)| {
@@ -477,7 +477,8 @@ enum Sink {
     Part(*mut f32),
 }
 
-/// Per-job scratch, grown on demand and reused by every piece of the job.
+/// Per-thread scratch, grown on demand and reused by every piece the
+/// thread runs ([`Scratch::with`]).
 #[derive(Default)]
 struct Scratch {
     /// Scaled queries `[group][head_dim rounded up to LANES]`, zero padded.
@@ -494,6 +495,17 @@ struct Scratch {
     koff: Vec<usize>,
     /// Offsets of the tile's V rows (at this kv head) in the layer buffer.
     voff: Vec<usize>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
+}
+
+impl Scratch {
+    /// Runs `f` on this thread's scratch.
+    fn with<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+        super::with_local(&SCRATCH, f)
+    }
 }
 
 /// Runs one piece with instruction set `isa` on the pool's stored dtype.

@@ -39,7 +39,8 @@
 //! (decode: `t = 1`, three kv heads, two threads) the keys are split as well
 //! (flash-decoding): each split returns its `(m, l, Oᵀ)` and a merge pass
 //! combines them with weights `exp(m_s − max_s m_s)`. Scratch buffers live
-//! per rayon job (`for_each_init`), nothing is allocated per tile.
+//! per worker thread and are kept between calls, so nothing is allocated
+//! per tile, per piece or (once grown) per call.
 //!
 //! # Instruction sets
 //!
@@ -339,20 +340,18 @@ fn attend_with(best: Isa, call: Call<'_>, out: &mut [f32]) {
     let tasks = shape.kv_heads * plan.blocks;
     let out_ptr = OutPtr(out.as_mut_ptr());
     if plan.splits == 1 {
-        (0..tasks)
-            .into_par_iter()
-            .for_each_init(Scratch::default, |sc, idx| {
-                run_piece(plan.isa, &call, piece(idx), sc, Sink::Out(out_ptr));
-            });
+        (0..tasks).into_par_iter().for_each(|idx| {
+            Scratch::with(|sc| run_piece(plan.isa, &call, piece(idx), sc, Sink::Out(out_ptr)));
+        });
         return;
     }
     let mut parts = vec![0.0f32; tasks * plan.splits * part_len];
-    parts.par_chunks_mut(part_len).enumerate().for_each_init(
-        Scratch::default,
-        |sc, (idx, part)| {
-            run_piece(plan.isa, &call, piece(idx), sc, Sink::Partial(part));
-        },
-    );
+    parts
+        .par_chunks_mut(part_len)
+        .enumerate()
+        .for_each(|(idx, part)| {
+            Scratch::with(|sc| run_piece(plan.isa, &call, piece(idx), sc, Sink::Partial(part)));
+        });
     let parts = &parts;
     (0..tasks).into_par_iter().for_each(|task| {
         let p = piece(task * plan.splits);
@@ -396,7 +395,8 @@ unsafe fn piece_avx2(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Sink<'_>
     attend_piece::<Avx2>(call, p, sc, sink)
 }
 
-/// Per-job scratch, grown on demand and reused by every piece of the job.
+/// Per-thread scratch, grown on demand and reused by every piece the
+/// thread runs ([`Scratch::with`]).
 #[derive(Default)]
 struct Scratch {
     /// `Qᵀ [head_dim][mp]`, pre-scaled, zero in padding rows.
@@ -414,6 +414,31 @@ struct Scratch {
     vrows: Vec<*const f32>,
     /// The current tile's rows widened to f32 (bf16 pools only).
     kv: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
+}
+
+impl Scratch {
+    /// Runs `f` on this thread's scratch.
+    fn with<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+        with_local(&SCRATCH, f)
+    }
+}
+
+/// Runs `f` on this thread's value in `key`, taken out for the call (a
+/// nested call on the same thread gets a fresh one; a panic in `f` drops it).
+pub(super) fn with_local<T: Default, R>(
+    key: &'static std::thread::LocalKey<std::cell::Cell<T>>,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    key.with(|c| {
+        let mut v = c.take();
+        let r = f(&mut v);
+        c.set(v);
+        r
+    })
 }
 
 /// Index of the first 64-byte aligned element of `v` after growing it to
@@ -811,12 +836,11 @@ unsafe fn pv_block<S: Simd, const MR: usize, const NC: usize>(
 }
 
 mod decode;
-mod simd;
+use crate::simd::*;
 pub use decode::{
     decode_attention_batch, latent_decode_attention_batch, DecodeSeq, DECODE_SPLIT_KEYS,
     DECODE_TILE,
 };
-use simd::*;
 
 #[cfg(test)]
 mod tests;

@@ -229,6 +229,17 @@ impl Panels {
         self.cols
     }
 
+    /// Hints the first `bytes` of the codes, and the scales read with them,
+    /// into the caches ([`crate::cpu::prefetch`]).
+    pub fn prefetch(&self, bytes: usize) {
+        // SAFETY: Line is 64 plain bytes with no padding.
+        let codes = unsafe {
+            std::slice::from_raw_parts(self.codes.as_ptr().cast::<u8>(), self.codes.len() * 64)
+        };
+        crate::cpu::prefetch(codes, bytes);
+        crate::cpu::prefetch(&self.scales, bytes / BLOCK_BYTES);
+    }
+
     /// Bytes held (codes and scales, padding included).
     pub fn nbytes(&self) -> usize {
         self.codes.len() * 64 + self.scales.len() + self.special.len()

@@ -1,22 +1,23 @@
-//! Vector operations of the tiled attention kernels ([`super`]): the
-//! [`Simd`] trait with one implementation per instruction set (AVX-512F,
-//! AVX2 + FMA, portable), and the vectorised `exp` the online softmax uses.
+//! Vector operations of the attention kernels ([`crate::flash`]) and the
+//! activations ([`crate::activation`]): the [`Simd`] trait with one
+//! implementation per instruction set (AVX-512F, AVX2 + FMA, portable), and
+//! the vectorised `exp` the online softmax and SiLU use.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
 /// Lowest argument of [`exp`] with a normal result; below it `exp` is 0.
-pub(super) const EXP_LO: f32 = -87.3;
+pub(crate) const EXP_LO: f32 = -87.3;
 /// Highest argument of [`exp`]; above it the argument is clamped.
-pub(super) const EXP_HI: f32 = 88.0;
+pub(crate) const EXP_HI: f32 = 88.0;
 /// `log2(e)`.
-pub(super) const LOG2E: f32 = std::f32::consts::LOG2_E;
+pub(crate) const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// High part of ln 2 (exact in 9 bits, so `n·LN2_HI` is exact).
-pub(super) const LN2_HI: f32 = 0.693_359_4;
+pub(crate) const LN2_HI: f32 = 0.693_359_4;
 /// Low part of ln 2: `ln 2 − LN2_HI`.
-pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
+pub(crate) const LN2_LO: f32 = -2.121_944_4e-4;
 /// Cephes `expf` polynomial, highest degree first: `e^r ≈ 1 + r + r²·P(r)`.
-pub(super) const EXP_POLY: [f32; 6] = [
+pub(crate) const EXP_POLY: [f32; 6] = [
     1.987_569_1e-4,
     1.398_199_9e-3,
     8.333_452e-3,
@@ -30,7 +31,7 @@ pub(super) const EXP_POLY: [f32; 6] = [
 /// # Safety
 /// `S`'s instruction set is supported by the CPU.
 #[inline(always)]
-pub(super) unsafe fn exp<S: Simd>(x: S::V) -> S::V {
+pub(crate) unsafe fn exp<S: Simd>(x: S::V) -> S::V {
     let xc = S::min(S::max(x, S::splat(EXP_LO)), S::splat(EXP_HI));
     let n = S::round(S::mul(xc, S::splat(LOG2E)));
     let r = S::fma(n, S::splat(-LN2_HI), xc);
@@ -47,7 +48,7 @@ pub(super) unsafe fn exp<S: Simd>(x: S::V) -> S::V {
 /// The vector operations the kernels need; one implementation per
 /// instruction set. Every method is `unsafe` because it may only run on a
 /// CPU with that instruction set.
-pub(super) trait Simd {
+pub(crate) trait Simd {
     /// f32 lanes in a vector.
     const LANES: usize;
     /// 32 vector registers (larger register blocks) rather than 16.
@@ -68,6 +69,8 @@ pub(super) trait Simd {
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
     /// `a · b`.
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// `a / b` (correctly rounded).
+    unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
     /// `a · b + c` (fused where the hardware has it).
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// Lane-wise maximum.
@@ -90,7 +93,7 @@ macro_rules! x86_simd {
     (
         $name:ident, $feat:literal, $v:ty, $lanes:literal, $wide:literal,
         [$zero:ident, $splat:ident, $load:ident, $store:ident, $add:ident,
-         $sub:ident, $mul:ident, $fma:ident, $max:ident, $min:ident],
+         $sub:ident, $mul:ident, $div:ident, $fma:ident, $max:ident, $min:ident],
         |$a:ident, $b:ident, $x:ident, $y:ident| round: $round:expr,
         scale_pow2: $scale:expr, select_gt: $select:expr $(,)?
     ) => {
@@ -105,6 +108,7 @@ macro_rules! x86_simd {
             x86_simd!(@ $feat, add(a: $v, b: $v) -> $v, $add(a, b));
             x86_simd!(@ $feat, sub(a: $v, b: $v) -> $v, $sub(a, b));
             x86_simd!(@ $feat, mul(a: $v, b: $v) -> $v, $mul(a, b));
+            x86_simd!(@ $feat, div(a: $v, b: $v) -> $v, $div(a, b));
             x86_simd!(@ $feat, fma(a: $v, b: $v, c: $v) -> $v, $fma(a, b, c));
             x86_simd!(@ $feat, max(a: $v, b: $v) -> $v, $max(a, b));
             x86_simd!(@ $feat, min(a: $v, b: $v) -> $v, $min(a, b));
@@ -124,13 +128,13 @@ macro_rules! x86_simd {
 
 /// AVX-512F kernels.
 #[cfg(target_arch = "x86_64")]
-pub(super) struct Avx512;
+pub(crate) struct Avx512;
 
 #[cfg(target_arch = "x86_64")]
 x86_simd!(
     Avx512, "avx512f", __m512, 16, true,
     [_mm512_setzero_ps, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_add_ps,
-     _mm512_sub_ps, _mm512_mul_ps, _mm512_fmadd_ps, _mm512_max_ps, _mm512_min_ps],
+     _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_fmadd_ps, _mm512_max_ps, _mm512_min_ps],
     |a, b, x, y| round: _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(a),
     // scalef computes a·2^floor(b) with b integral here.
     scale_pow2: _mm512_scalef_ps(a, b),
@@ -139,13 +143,13 @@ x86_simd!(
 
 /// AVX2 + FMA kernels.
 #[cfg(target_arch = "x86_64")]
-pub(super) struct Avx2;
+pub(crate) struct Avx2;
 
 #[cfg(target_arch = "x86_64")]
 x86_simd!(
     Avx2, "avx2,fma", __m256, 8, false,
     [_mm256_setzero_ps, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_add_ps,
-     _mm256_sub_ps, _mm256_mul_ps, _mm256_fmadd_ps, _mm256_max_ps, _mm256_min_ps],
+     _mm256_sub_ps, _mm256_mul_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_max_ps, _mm256_min_ps],
     |a, b, x, y| round: _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(a),
     // 2^b built in the exponent field: (b + 127) << 23.
     scale_pow2: _mm256_mul_ps(a, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(
@@ -156,7 +160,7 @@ x86_simd!(
 
 /// Portable kernels on 8-lane arrays (the compiler vectorises the loops for
 /// the baseline target); the path off x86-64 and an oracle for the others.
-pub(super) struct Portable;
+pub(crate) struct Portable;
 
 /// Defines lane-wise binary methods of [`Portable`] from a scalar body.
 macro_rules! portable_binary {
@@ -179,6 +183,7 @@ impl Simd for Portable {
         add: |x, y| x + y;
         sub: |x, y| x - y;
         mul: |x, y| x * y;
+        div: |x, y| x / y;
         max: |x, y| if x > y { x } else { y };
         min: |x, y| if x < y { x } else { y };
         scale_pow2: |y, n| y * f32::from_bits(((n as i32 + 127) as u32) << 23);
