@@ -279,10 +279,10 @@ unsafe fn glu_lanes<S: Simd>(kind: Glu, g: *const f32, u: *const f32, o: *mut f3
 /// highest degree first: `tanh x ≈ x + x·s·P(s)`, `s = x²`.
 const TANH_POLY: [f32; 5] = [
     -5.704_988_7e-3,
-    2.063_908_9e-2,
-    -5.373_971_6e-2,
+    2.063_908_8e-2,
+    -5.373_971_5e-2,
     1.333_144_2e-1,
-    -3.333_328_2e-1,
+    -3.333_328e-1,
 ];
 
 /// Vectorised `tanh` (Cephes `tanhf`): the polynomial for `|x| < 0.625`,
