@@ -468,21 +468,18 @@ impl Tile<'_> {
         match kernel {
             #[cfg(target_arch = "x86_64")]
             PanelKernel::Avx512Vnni => unsafe {
-                use x86::tile_avx512 as k;
-                match m {
-                    12 => k::<12>(self, &xs, out),
-                    11 => k::<11>(self, &xs, out),
-                    10 => k::<10>(self, &xs, out),
-                    9 => k::<9>(self, &xs, out),
-                    8 => k::<8>(self, &xs, out),
-                    7 => k::<7>(self, &xs, out),
-                    6 => k::<6>(self, &xs, out),
-                    5 => k::<5>(self, &xs, out),
-                    4 => k::<4>(self, &xs, out),
-                    3 => k::<3>(self, &xs, out),
-                    2 => k::<2>(self, &xs, out),
-                    _ => k::<1>(self, &xs, out),
+                // The panel's first row tile prefetches its codes ahead.
+                macro_rules! by_rows {
+                    ($($mr:literal)*) => {
+                        match (m, i0 == 0) {
+                            $(($mr, true) => x86::tile_avx512::<$mr, true>(self, &xs, out),
+                              ($mr, false) => x86::tile_avx512::<$mr, false>(self, &xs, out),)*
+                            (_, true) => x86::tile_avx512::<1, true>(self, &xs, out),
+                            (_, false) => x86::tile_avx512::<1, false>(self, &xs, out),
+                        }
+                    };
                 }
+                by_rows!(12 11 10 9 8 7 6 5 4 3 2)
             },
             #[cfg(target_arch = "x86_64")]
             PanelKernel::Avx2 => unsafe {

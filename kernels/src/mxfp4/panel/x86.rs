@@ -17,10 +17,12 @@ static LUT64: [u8; 64] = {
     t
 };
 
-/// How far ahead of the current block small tiles (decode, `MR ≤ 4`)
-/// prefetch panel codes: one matrix's panels are contiguous, so this runs
+/// How far ahead of the current block the first row tile of a panel
+/// prefetches panel codes: one matrix's panels are contiguous, so this runs
 /// into the next panel; as in the row-layout kernel, the hardware prefetcher
-/// alone ramps up too slowly on DRAM-cold weights. Default 8 KiB.
+/// alone ramps up too slowly on DRAM-cold weights. Later row tiles of the
+/// same panel (prefill) find it in L1/L2 and do not prefetch: there the
+/// hints cost a third of the prefill time. Default 8 KiB.
 const PREFETCH_BYTES: usize = 8 * 1024;
 
 /// Bits of the f32 that E8M0 byte 0 encodes (2⁻¹²⁷, subnormal).
@@ -31,13 +33,18 @@ const E8M0_NAN_BITS: i32 = 0x7FC0_0000;
 /// The `MR × 16` AVX-512 tile: per block, `MR` int32 accumulators start at
 /// `−12·Σq` and take 8 `vpdpbusd` each (four activation bytes broadcast
 /// against 16 rows × 4 codes looked up by `vpermb`), then
-/// `acc_f32 += f32(dot) · (scale(w) · d/2)`.
+/// `acc_f32 += f32(dot) · (scale(w) · d/2)`. With `PREFETCH` (the panel's
+/// first row tile) it also hints the codes [`PREFETCH_BYTES`] ahead.
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI/VBMI present; `xs` holds `MR` rows of the panel's
 /// width; `out` points at the tile's first output inside `[n, t.rows]`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
-pub(super) unsafe fn tile_avx512<const MR: usize>(t: &Tile<'_>, xs: &RowsQ<'_>, out: *mut f32) {
+pub(super) unsafe fn tile_avx512<const MR: usize, const PREFETCH: bool>(
+    t: &Tile<'_>,
+    xs: &RowsQ<'_>,
+    out: *mut f32,
+) {
     let nb = t.nb;
     let cols = nb * BLOCK_ELEMS;
     debug_assert!(xs.q.len() == MR * cols && xs.d.len() == MR * nb && xs.c.len() == MR * nb);
@@ -55,7 +62,7 @@ pub(super) unsafe fn tile_avx512<const MR: usize>(t: &Tile<'_>, xs: &RowsQ<'_>, 
                 *a = _mm512_set1_epi32(*xc.add(i * nb + b));
             }
             for v in 0..4 {
-                if MR <= 4 {
+                if PREFETCH {
                     // A hint: never faults, whatever the address.
                     _mm_prefetch::<_MM_HINT_T0>(cb.wrapping_add(PREFETCH_BYTES + 64 * v).cast());
                 }
