@@ -624,15 +624,16 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
         let mut b = 0;
         while b < nk {
             let nb = lanes.min(nk - b);
-            for kk in 0..nb {
-                let k = base.add(sc.koff[b + kk]);
-                let mut r0 = 0;
-                while r0 < g {
-                    let gb = QK_ROWS.min(g - r0);
-                    let (qr, pr) = (q.add(r0 * hdp), part.add((r0 * lanes + kk) * lanes));
-                    with_rows!(gb, qk_key::<S, T>(qr, hdp, hd, k, pr, lanes * lanes));
-                    r0 += gb;
-                }
+            let koff = &sc.koff[b..b + nb];
+            let mut r0 = 0;
+            while r0 < g {
+                let gb = QK_ROWS.min(g - r0);
+                let (qr, pr) = (q.add(r0 * hdp), part.add(r0 * lanes * lanes));
+                with_rows!(
+                    gb,
+                    qk_keys::<S, T>(qr, hdp, hd, base, koff, pr, lanes * lanes)
+                );
+                r0 += gb;
             }
             for r in 0..g {
                 let dst = s.add(r * DECODE_TILE + b);
@@ -702,37 +703,67 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
     }
 }
 
-/// Partial dot products of `GB` query heads with one key: for head `r`,
-/// stores the `LANES`-wide vector of per-lane sums at `part + r·stride`.
+/// Partial dot products of `GB` query heads with each key of `koff` (at
+/// most `LANES`): for head `r` and key `kk`, stores the `LANES`-wide vector
+/// of per-lane sums at `part + r·stride + kk·LANES`. Keys are the inner
+/// loop, so a head dimension of up to 4 vectors keeps the `GB` heads' query
+/// values in registers across the keys.
 ///
 /// # Safety
-/// `q` holds `GB` rows of `hdp` values; `k` has `hd` readable values.
+/// `q` holds `GB` rows of `hdp` values; each `base + koff[kk]` has `hd`
+/// readable values.
 #[inline(always)]
-unsafe fn qk_key<S: DecSimd, T: KvElem, const GB: usize>(
+unsafe fn qk_keys<S: DecSimd, T: KvElem, const GB: usize>(
     q: *const f32,
     hdp: usize,
     hd: usize,
-    k: *const T,
+    base: *const T,
+    koff: &[usize],
     part: *mut f32,
     stride: usize,
 ) {
     let lanes = S::LANES;
-    let mut acc = [S::zero(); GB];
     let full = hd / lanes;
-    for c in 0..full {
-        let kv = T::load::<S>(k.add(c * lanes));
-        for (r, a) in acc.iter_mut().enumerate() {
-            *a = S::fma(kv, S::load(q.add(r * hdp + c * lanes)), *a);
+    if full * lanes == hd && full <= 4 {
+        let mut qv = [[S::zero(); 4]; GB];
+        for (r, row) in qv.iter_mut().enumerate() {
+            for (c, v) in row.iter_mut().enumerate().take(full) {
+                *v = S::load(q.add(r * hdp + c * lanes));
+            }
         }
-    }
-    if full * lanes < hd {
-        let kv = T::load_part::<S>(k.add(full * lanes), hd - full * lanes);
-        for (r, a) in acc.iter_mut().enumerate() {
-            *a = S::fma(kv, S::load(q.add(r * hdp + full * lanes)), *a);
+        for (kk, &off) in koff.iter().enumerate() {
+            let k = base.add(off);
+            let mut acc = [S::zero(); GB];
+            for c in 0..full {
+                let kv = T::load::<S>(k.add(c * lanes));
+                for (a, row) in acc.iter_mut().zip(&qv) {
+                    *a = S::fma(kv, row[c], *a);
+                }
+            }
+            for (r, &a) in acc.iter().enumerate() {
+                S::store(part.add(r * stride + kk * lanes), a);
+            }
         }
+        return;
     }
-    for (r, &a) in acc.iter().enumerate() {
-        S::store(part.add(r * stride), a);
+    for (kk, &off) in koff.iter().enumerate() {
+        let k = base.add(off);
+        let mut acc = [S::zero(); GB];
+        for c in 0..full {
+            let kv = T::load::<S>(k.add(c * lanes));
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = S::fma(kv, S::load(q.add(r * hdp + c * lanes)), *a);
+            }
+        }
+        if full * lanes < hd {
+            let kv = T::load_part::<S>(k.add(full * lanes), hd - full * lanes);
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = S::fma(kv, S::load(q.add(r * hdp + full * lanes)), *a);
+            }
+        }
+        for (r, &a) in acc.iter().enumerate() {
+            S::store(part.add(r * stride + kk * lanes), a);
+        }
     }
 }
 
