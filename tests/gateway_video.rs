@@ -37,14 +37,21 @@ const SIZE: (u32, u32) = (128, 96);
 
 /// An H.264 MP4 of `testsrc` (or `source`) made by the `ffmpeg` CLI.
 fn clip(dir: &Path, name: &str, source: &str) -> PathBuf {
+    let spec = format!(
+        "{source}=duration={SECONDS}:size={}x{}:rate={SRC_FPS}",
+        SIZE.0, SIZE.1
+    );
+    lavfi_clip(dir, name, &spec, &[])
+}
+
+/// An H.264 MP4 of the lavfi source `spec` (`testsrc=duration=…`), with
+/// `extra` encoder options, made by the `ffmpeg` CLI.
+fn lavfi_clip(dir: &Path, name: &str, spec: &str, extra: &[&str]) -> PathBuf {
     let out = dir.join(name);
     let status = Command::new("ffmpeg")
-        .args(["-y", "-loglevel", "error", "-f", "lavfi", "-i"])
-        .arg(format!(
-            "{source}=duration={SECONDS}:size={}x{}:rate={SRC_FPS}",
-            SIZE.0, SIZE.1
-        ))
+        .args(["-y", "-loglevel", "error", "-f", "lavfi", "-i", spec])
         .args(["-c:v", "libx264", "-pix_fmt", "yuv420p"])
+        .args(extra)
         .arg(&out)
         .status()
         .expect("the ffmpeg CLI runs (installed by .ci/run)");
@@ -403,22 +410,12 @@ async fn bad_videos_get_the_media_error_kind_and_the_server_keeps_serving() {
 async fn a_full_video_decode_line_answers_overloaded_and_keeps_serving() {
     let dir = tempdir("caracal-video-line");
     // A clip that takes a while to decode (250 frames of 640×480), sampled sparsely.
-    let path = dir.join("long.mp4");
-    let status = Command::new("ffmpeg")
-        .args(["-y", "-loglevel", "error", "-f", "lavfi", "-i"])
-        .arg("testsrc=duration=10:size=640x480:rate=25")
-        .args([
-            "-c:v",
-            "libx264",
-            "-preset",
-            "ultrafast",
-            "-pix_fmt",
-            "yuv420p",
-        ])
-        .arg(&path)
-        .status()
-        .expect("the ffmpeg CLI runs (installed by .ci/run)");
-    assert!(status.success(), "ffmpeg made the clip");
+    let path = lavfi_clip(
+        &dir,
+        "long.mp4",
+        "testsrc=duration=10:size=640x480:rate=25",
+        &["-preset", "ultrafast"],
+    );
     let bytes = std::fs::read(&path).unwrap();
     let model_dir = caracal::convert::synth::default_model_dir().unwrap();
     let mut media = MediaConfig::for_model_type("kimi_k3");
