@@ -566,7 +566,10 @@ impl Matrix {
             Weights::Rows { data, scales } => {
                 crate::cpu::prefetch(data.bytes(), bytes);
                 if let Some(s) = scales {
-                    crate::cpu::prefetch(s.bytes(), bytes / 16);
+                    // The scales of the same leading rows (1 byte per 16 for
+                    // MXFP4, 4 per 32 for Q8_0).
+                    let share = bytes.min(data.len) * s.len / data.len.max(1);
+                    crate::cpu::prefetch(s.bytes(), share);
                 }
             }
         }

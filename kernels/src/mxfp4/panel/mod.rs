@@ -237,7 +237,8 @@ impl Panels {
             std::slice::from_raw_parts(self.codes.as_ptr().cast::<u8>(), self.codes.len() * 64)
         };
         crate::cpu::prefetch(codes, bytes);
-        crate::cpu::prefetch(&self.scales, bytes / BLOCK_BYTES);
+        // 16 scale bytes per 256 code bytes (a panel block).
+        crate::cpu::prefetch(&self.scales, bytes / (PANEL_BLOCK_BYTES / PANEL_ROWS));
     }
 
     /// Bytes held (codes and scales, padding included).
