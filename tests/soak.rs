@@ -9,13 +9,18 @@
 //!
 //! Asserted: a row every 15 s (8 rows), zero errors, turns finished in every
 //! interval, KV pages in use never above the pool, the PNG decodes at its
-//! stated 960×720, and the RSS slope after warm-up (the first 20%) below 2%
-//! of the mean RSS per minute. That bound is a leak check, not a speed check:
-//! the run finishes thousands of turns a minute, so a leak of even a few
-//! hundred bytes per request (a dropped-but-unfreed sequence, a session map
-//! that never shrinks) grows RSS by well over 2% of its ~60 MB a minute,
-//! while allocator noise after warm-up stays far under it. No timing
-//! assertions beyond the sampling cadence.
+//! stated 960×720, and the RSS slope after warm-up (the first 20%), divided
+//! by the turns finished per minute, below 64 bytes per turn. That bound is a
+//! leak check, not a speed check, and it is stated per turn because leaks are:
+//! anything kept per request (a dropped-but-unfreed sequence, a stored
+//! response, a session map entry with its id) is at least one heap chunk of
+//! 32 bytes plus its map slot, so a per-turn leak shows as ≥ 64 B/turn, while
+//! glibc's arenas make the resident heap swing by about ±1 MB with no trend
+//! (an 8-minute run of this load: 61.3 MB at 30 s, 61.0 MB at 300 s, between
+//! 59.9 and 61.3 MB in between), which over a 1.6-minute window reads as up
+//! to ~1.2 MB/min, ~15 B per turn at the ~80,000 turns a minute this load
+//! runs. A bound on the slope as a share of the mean RSS would sit inside
+//! that noise. No timing assertions beyond the sampling cadence.
 
 use std::path::PathBuf;
 
@@ -29,8 +34,8 @@ use serde_json::Value;
 const ROWS: usize = 8;
 /// Stated size of the plot (`caracal bench --plot`).
 const PLOT_SIZE: (u32, u32) = (960, 720);
-/// Largest RSS growth after warm-up, as a share of the mean RSS per minute.
-const RSS_SLOPE_BOUND: f64 = 0.02;
+/// Largest RSS growth after warm-up per finished turn, bytes.
+const RSS_BYTES_PER_TURN_BOUND: f64 = 64.0;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -132,13 +137,22 @@ fn two_minute_soak_keeps_memory_flat_without_errors() {
     let img = image::open(&png).expect("the PNG decodes");
     assert_eq!((img.width(), img.height()), PLOT_SIZE);
 
-    // The leak check.
+    // The leak check: growth per minute over turns per minute, after warm-up.
+    let warmup_s = soak["warmup_s"].as_f64().expect("warm-up");
+    let after: Vec<&Vec<&str>> = rows
+        .iter()
+        .filter(|r| num(r, "elapsed_s") >= warmup_s)
+        .collect();
+    assert!(after.len() >= 2, "{soak}");
+    let turns_per_min = after.iter().map(|r| num(r, "requests")).sum::<f64>()
+        / (after.len() as f64 * 0.25);
     let mean = soak["rss_mean_bytes"].as_f64().expect("mean RSS");
     let slope = soak["rss_slope_bytes_per_min"].as_f64().expect("RSS slope");
+    let per_turn = slope / turns_per_min;
     assert!(
-        slope < RSS_SLOPE_BOUND * mean,
-        "RSS grows {slope:.0} B/min after warm-up, over {}% of the mean {mean:.0} B\n{text}",
-        RSS_SLOPE_BOUND * 100.0
+        per_turn < RSS_BYTES_PER_TURN_BOUND,
+        "RSS grows {slope:.0} B/min after warm-up (mean {mean:.0} B) at {turns_per_min:.0} \
+         turns/min: {per_turn:.1} B per turn, over {RSS_BYTES_PER_TURN_BOUND} B\n{text}"
     );
     assert!(soak["kv_pages_slope_per_min"].is_number(), "{soak}");
     assert!(
