@@ -144,8 +144,8 @@ fn two_minute_soak_keeps_memory_flat_without_errors() {
         .filter(|r| num(r, "elapsed_s") >= warmup_s)
         .collect();
     assert!(after.len() >= 2, "{soak}");
-    let turns_per_min = after.iter().map(|r| num(r, "requests")).sum::<f64>()
-        / (after.len() as f64 * 0.25);
+    let turns_per_min =
+        after.iter().map(|r| num(r, "requests")).sum::<f64>() / (after.len() as f64 * 0.25);
     let mean = soak["rss_mean_bytes"].as_f64().expect("mean RSS");
     let slope = soak["rss_slope_bytes_per_min"].as_f64().expect("RSS slope");
     let per_turn = slope / turns_per_min;

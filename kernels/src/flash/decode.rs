@@ -40,7 +40,7 @@
 use rayon::prelude::*;
 
 use crate::attention::AttnShape;
-use crate::cpu::Isa;
+use crate::cpu::{prefetch_span, Isa};
 use crate::paged::{KvPool, LayerRows};
 use crate::simd::{exp, Portable};
 #[cfg(target_arch = "x86_64")]
@@ -606,21 +606,43 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
         sc.o.as_mut_ptr(),
     );
     let base = base.as_ptr();
+    let (k_bytes, v_bytes) = (hd * size_of::<T>(), vd * size_of::<T>());
     let mut j0 = p.k0;
     while j0 < p.k1 {
         let j1 = (j0 + DECODE_TILE).min(p.k1);
         let nk = j1 - j0;
+        // Offsets of the tile's rows and of the next `lanes` keys after it,
+        // whose K rows are hinted while the tile's last block is scored.
         sc.koff.clear();
         sc.voff.clear();
-        for j in j0..j1 {
+        for j in j0..(j1 + lanes).min(p.k1) {
             let at = pool.row_offset(seq.block_table, j);
             sc.koff.push(at + k_at);
             sc.voff.push(at + v_at);
         }
-        // Scores, LANES keys at a time, keys in lanes.
+        if j0 == p.k0 {
+            for &off in &sc.koff[..lanes.min(nk)] {
+                prefetch_span(base.add(off).cast(), k_bytes);
+            }
+        }
+        // Scores, LANES keys at a time, keys in lanes. Each block hints the
+        // K rows of the next block and its own V rows (read by the PV pass
+        // after the tile's scores): the rows of a piece lie a row width
+        // apart within a page and anywhere across pages, so the hardware
+        // prefetcher does not follow them.
         let mut b = 0;
         while b < nk {
             let nb = lanes.min(nk - b);
+            for &off in sc
+                .koff
+                .get(b + lanes..(b + 2 * lanes).min(sc.koff.len()))
+                .unwrap_or(&[])
+            {
+                prefetch_span(base.add(off).cast(), k_bytes);
+            }
+            for &off in &sc.voff[b..b + nb] {
+                prefetch_span(base.add(off).cast(), v_bytes);
+            }
             let koff = &sc.koff[b..b + nb];
             let mut r0 = 0;
             while r0 < g {
