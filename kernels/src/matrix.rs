@@ -35,6 +35,7 @@ use std::sync::Arc;
 use crate::dtype::{bf16_to_f32, DType};
 use crate::error::{Error, Result};
 use crate::mxfp4::panel::Panels;
+use crate::q8::panel::Q8Panels;
 use crate::q8::Activations;
 
 /// Bytes owned elsewhere (a memory map) that a [`Storage`] can borrow.
@@ -173,7 +174,7 @@ pub struct Matrix {
     pub cols: usize,
     /// How the weights are encoded.
     pub dtype: DType,
-    /// The weights, in row layout or (int8 MXFP4) in panels.
+    /// The weights, in row layout or (int8 MXFP4, int8 Q8_0 with VNNI) in panels.
     weights: Weights,
     /// How [`Matrix::matmul`] treats activations when `dtype` is MXFP4 or
     /// Q8_0 (ignored for f32, bf16 and f16). Default [`Activations::F32`].
@@ -194,6 +195,9 @@ enum Weights {
     },
     /// An MXFP4 matrix with [`Activations::Int8`], repacked (shared by clones).
     Panels(Arc<Panels>),
+    /// A Q8_0 matrix with [`Activations::Int8`] on a CPU with AVX-512 VNNI,
+    /// repacked (shared by clones).
+    Q8Panels(Arc<Q8Panels>),
 }
 
 impl Matrix {
@@ -300,6 +304,27 @@ impl Matrix {
                 scales.release();
                 Weights::Panels(Arc::new(p))
             }
+            (DType::Q8_0, Activations::Int8, Weights::Rows { data, scales })
+                if crate::cpu::features().avx512_vnni =>
+            {
+                let scales = scales.expect("Q8_0 matrices are built with scales");
+                let b = data.bytes();
+                // SAFETY: i8 and u8 have the same size and alignment.
+                let q = unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<i8>(), b.len()) };
+                let p = Q8Panels::pack(q, scales.as_f32(), rows, cols)
+                    .expect("Q8_0 layout checked at construction");
+                data.release();
+                scales.release();
+                Weights::Q8Panels(Arc::new(p))
+            }
+            (_, Activations::F32, Weights::Q8Panels(p)) => {
+                let (q, d) = p.unpack();
+                let bytes: Vec<u8> = q.iter().map(|&v| v as u8).collect();
+                Weights::Rows {
+                    data: Storage::from_bytes(&bytes),
+                    scales: Some(Storage::from_f32(&d)),
+                }
+            }
             (_, Activations::F32, Weights::Panels(p)) => {
                 let (blocks, scales) = p.unpack();
                 Weights::Rows {
@@ -328,7 +353,16 @@ impl Matrix {
     pub fn panels(&self) -> Option<&Panels> {
         match &self.weights {
             Weights::Panels(p) => Some(p),
-            Weights::Rows { .. } => None,
+            Weights::Rows { .. } | Weights::Q8Panels(_) => None,
+        }
+    }
+
+    /// The panel layout a Q8_0 matrix with [`Activations::Int8`] holds on a
+    /// CPU with AVX-512 VNNI (instead of the row layout).
+    pub fn q8_panels(&self) -> Option<&Q8Panels> {
+        match &self.weights {
+            Weights::Q8Panels(p) => Some(p),
+            _ => None,
         }
     }
 
@@ -338,7 +372,7 @@ impl Matrix {
     pub fn data(&self) -> Option<&Storage> {
         match &self.weights {
             Weights::Rows { data, .. } => Some(data),
-            Weights::Panels(_) => None,
+            Weights::Panels(_) | Weights::Q8Panels(_) => None,
         }
     }
 
@@ -347,7 +381,7 @@ impl Matrix {
     pub fn scales(&self) -> Option<&Storage> {
         match &self.weights {
             Weights::Rows { scales, .. } => scales.as_ref(),
-            Weights::Panels(_) => None,
+            Weights::Panels(_) | Weights::Q8Panels(_) => None,
         }
     }
 
@@ -364,6 +398,12 @@ impl Matrix {
                 let (blocks, scales) = p.unpack();
                 (Cow::Owned(blocks), Some(Cow::Owned(scales)))
             }
+            Weights::Q8Panels(p) => {
+                let (q, d) = p.unpack();
+                let bytes = q.iter().map(|&v| v as u8).collect();
+                let scales = d.iter().flat_map(|v| v.to_le_bytes()).collect();
+                (Cow::Owned(bytes), Some(Cow::Owned(scales)))
+            }
         }
     }
 
@@ -379,6 +419,10 @@ impl Matrix {
                 let blocks = p.rows() * (p.cols() / crate::mxfp4::BLOCK_ELEMS);
                 (blocks * crate::mxfp4::BLOCK_BYTES, blocks)
             }
+            Weights::Q8Panels(p) => (
+                p.rows() * p.cols(),
+                p.rows() * p.cols() / crate::q8::BLOCK * 4,
+            ),
         }
     }
 
@@ -414,7 +458,7 @@ impl Matrix {
     /// The row-layout values (every matrix but one holding panels).
     fn row_data(&self) -> &Storage {
         self.data()
-            .expect("only MXFP4 matrices hold panels, and they are matched first")
+            .expect("matrices holding panels are matched first")
     }
 
     fn q8_values(&self) -> &[i8] {
@@ -461,8 +505,10 @@ impl Matrix {
             n * self.rows,
             "matmul: output has the wrong size"
         );
-        if let Weights::Panels(p) = &self.weights {
-            return p.matmul(x, n, out);
+        match &self.weights {
+            Weights::Panels(p) => return p.matmul(x, n, out),
+            Weights::Q8Panels(p) => return p.matmul(x, n, out),
+            Weights::Rows { .. } => {}
         }
         let data = self.row_data();
         match self.dtype {
@@ -512,8 +558,10 @@ impl Matrix {
             self.cols,
             "row_f32: output length must equal cols"
         );
-        if let Weights::Panels(p) = &self.weights {
-            return p.dequantize_row(r, out);
+        match &self.weights {
+            Weights::Panels(p) => return p.dequantize_row(r, out),
+            Weights::Q8Panels(p) => return p.dequantize_row(r, out),
+            Weights::Rows { .. } => {}
         }
         let range = r * self.cols..(r + 1) * self.cols;
         let data = self.row_data();
@@ -563,6 +611,7 @@ impl Matrix {
     pub fn prefetch(&self, bytes: usize) {
         match &self.weights {
             Weights::Panels(p) => p.prefetch(bytes),
+            Weights::Q8Panels(p) => p.prefetch(bytes),
             Weights::Rows { data, scales } => {
                 crate::cpu::prefetch(data.bytes(), bytes);
                 if let Some(s) = scales {
@@ -584,6 +633,7 @@ impl Matrix {
                 data + scales
             }
             Weights::Panels(p) => p.nbytes(),
+            Weights::Q8Panels(p) => p.nbytes(),
         }
     }
 }
@@ -669,12 +719,30 @@ mod tests {
         let q8 = Matrix::from_f32(rows, cols, &w).to_q8_0().unwrap();
         assert_eq!(q8.activations(), Activations::F32, "the default is f32");
         let q88 = q8.clone().with_activations(Activations::Int8);
-        for (m, act) in [(&q8, Activations::F32), (&q88, Activations::Int8)] {
-            let mut want = vec![0.0; n * rows];
-            let (q, d) = (m.q8_values(), m.q8_scales());
-            crate::q8::matmul_q8_0(&x, n, q, d, rows, cols, &mut want, act);
-            assert_eq!(m.forward(&x), want, "Q8_0, {act:?} activations");
+        let mut want = vec![0.0; n * rows];
+        let (q, d) = (q8.q8_values(), q8.q8_scales());
+        crate::q8::matmul_q8_0(&x, n, q, d, rows, cols, &mut want, Activations::F32);
+        assert_eq!(q8.forward(&x), want, "Q8_0, f32 activations");
+        if crate::cpu::features().avx512_vnni {
+            // Int8 activations with VNNI: the panels, and no row layout kept.
+            let p = crate::q8::panel::Q8Panels::pack(q, d, rows, cols).unwrap();
+            p.matmul(&x, n, &mut want);
+            assert_eq!(q88.q8_panels().map(|p| p.unpack()), Some(p.unpack()));
+            assert!(q88.data().is_none() && q88.scales().is_none());
+            assert_eq!(q88.row_bytes(), q8.row_bytes());
+            assert_eq!(q88.row_bytes_len(), q8.row_bytes_len());
+            assert_eq!(q88.nbytes(), p.nbytes());
+            assert_eq!(q88.to_f32_vec(), q8.to_f32_vec());
+            let back = q88.clone().with_activations(Activations::F32);
+            assert_eq!(back.q8_values(), q);
+            assert_eq!(back.q8_scales(), d);
+            assert_eq!(back.forward(&x), q8.forward(&x));
+        } else {
+            // Without VNNI the int8 mode keeps the row layout and its f32 path.
+            crate::q8::matmul_q8_0(&x, n, q, d, rows, cols, &mut want, Activations::Int8);
+            assert!(q88.q8_panels().is_none());
         }
+        assert_eq!(q88.forward(&x), want, "Q8_0, int8 activations");
         if crate::cpu::features().avx512_vnni {
             // With VNNI the int8 kernels run, and rounding shows in the outputs.
             assert_ne!(mx8.forward(&x), mx.forward(&x));

@@ -23,6 +23,8 @@
 
 use rayon::prelude::*;
 
+pub mod panel;
+
 use crate::cpu::{self, Isa};
 use crate::error::{Error, Result};
 use crate::split::{for_row_ranges, OutPtr};

@@ -2,7 +2,7 @@
 //! features; tiles and activation rows are sized by the caller.
 use std::arch::x86_64::*;
 
-use super::{RowsQ, Tile};
+use super::{RowsQ, Scheme, Tile};
 use crate::mxfp4::{BLOCK_ELEMS, E2M1_X2_U8};
 
 /// [`E2M1_X2_U8`] four times: `vpermb` reads 6 index bits, so the high
@@ -175,7 +175,7 @@ pub(super) unsafe fn tile_avx2<const MR: usize>(t: &Tile<'_>, xs: &RowsQ<'_>, ou
     }
 }
 
-/// [`super::quantize_block`] over whole rows with AVX-512: max |x| by
+/// [`super::quantize_block`] under `scheme` over whole rows with AVX-512: max |x| by
 /// a vector reduction, round-to-nearest-even, saturating packs to bytes.
 /// Bit-identical to the plain loop for finite blocks; non-finite blocks get
 /// `d = NaN` in both.
@@ -183,7 +183,13 @@ pub(super) unsafe fn tile_avx2<const MR: usize>(t: &Tile<'_>, xs: &RowsQ<'_>, ou
 /// # Safety
 /// AVX-512 F/BW present; `q` as long as `x`, `d` and `c` one per block.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(super) unsafe fn quantize_avx512(x: &[f32], q: &mut [u8], d: &mut [f32], c: &mut [i32]) {
+pub(super) unsafe fn quantize_avx512(
+    scheme: Scheme,
+    x: &[f32],
+    q: &mut [u8],
+    d: &mut [f32],
+    c: &mut [i32],
+) {
     let (lo_c, hi_c) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
     for (((blk, qb), db), cb) in x
         .chunks_exact(BLOCK_ELEMS)
@@ -204,7 +210,7 @@ pub(super) unsafe fn quantize_avx512(x: &[f32], q: &mut [u8], d: &mut [f32], c: 
             let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
             let dd = amax / 127.0;
             let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-            *db = if finite { dd * 0.5 } else { f32::NAN };
+            *db = if finite { dd * scheme.d_mul } else { f32::NAN };
             let inv = _mm512_set1_ps(inv);
             let round = |v: __m512| {
                 let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
@@ -215,7 +221,7 @@ pub(super) unsafe fn quantize_avx512(x: &[f32], q: &mut [u8], d: &mut [f32], c: 
             let (ql, qh) = (round(lo), round(hi));
             _mm_storeu_si128(qb.as_mut_ptr().cast(), _mm512_cvtsepi32_epi8(ql));
             _mm_storeu_si128(qb.as_mut_ptr().add(16).cast(), _mm512_cvtsepi32_epi8(qh));
-            *cb = -12 * _mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh));
+            *cb = -scheme.offset * _mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh));
         }
     }
 }
