@@ -543,6 +543,50 @@ impl Matrix {
         }
     }
 
+    /// `outs[m] = x · mats[m]ᵀ` for every matrix of a group that reads the
+    /// same input (a layer's q, k and v, or gate and up), each output
+    /// exactly what [`Matrix::matmul`] gives. When all hold MXFP4 panels of
+    /// one width they run as one grouped product ([`Panels::matmul_group`]:
+    /// the input rounded once, one fork and join); otherwise one call each.
+    ///
+    /// # Panics
+    /// As [`Matrix::matmul`] for any member.
+    pub fn matmul_group(mats: &[&Matrix], x: &[f32], outs: &mut [&mut [f32]]) {
+        assert_eq!(
+            mats.len(),
+            outs.len(),
+            "matmul_group: one output per matrix"
+        );
+        let panels: Option<Vec<&Panels>> = mats.iter().map(|m| m.panels()).collect();
+        match panels {
+            Some(p) if !p.is_empty() && mats.iter().all(|m| m.cols == mats[0].cols) => {
+                let n = x.len() / mats[0].cols;
+                assert_eq!(
+                    x.len(),
+                    n * mats[0].cols,
+                    "matmul: input is not a whole number of rows"
+                );
+                Panels::matmul_group(&p, x, n, outs)
+            }
+            _ => {
+                for (m, o) in mats.iter().zip(outs.iter_mut()) {
+                    m.matmul(x, o);
+                }
+            }
+        }
+    }
+
+    /// Allocating form of [`Matrix::matmul_group`].
+    pub fn forward_group<const N: usize>(mats: [&Matrix; N], x: &[f32]) -> [Vec<f32>; N] {
+        let n = mats.first().map_or(0, |m| x.len() / m.cols.max(1));
+        let mut outs: [Vec<f32>; N] = std::array::from_fn(|i| vec![0.0; n * mats[i].rows]);
+        {
+            let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+            Matrix::matmul_group(&mats, x, &mut refs);
+        }
+        outs
+    }
+
     /// Allocating form of [`Matrix::matmul`].
     pub fn forward(&self, x: &[f32]) -> Vec<f32> {
         let n = x.len() / self.cols;

@@ -59,9 +59,8 @@ impl GqaAttention {
         cache: &mut KvPool,
     ) -> Vec<f32> {
         let s = &self.shape;
-        let mut q = self.q_proj.forward(x);
-        let mut k = self.k_proj.forward(x);
-        let v = self.v_proj.forward(x);
+        let [mut q, mut k, v] =
+            Matrix::forward_group([&self.q_proj, &self.k_proj, &self.v_proj], x);
         rope.apply_rotate_half(&mut q, &layout.positions, s.q_heads, s.head_dim, 0);
         rope.apply_rotate_half(&mut k, &layout.positions, s.kv_heads, s.head_dim, 0);
         let scale = (s.head_dim as f32).powf(-0.5);

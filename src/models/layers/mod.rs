@@ -278,8 +278,7 @@ impl Mlp {
 
     /// [`Mlp::forward`] into `out` `[n, hidden]`.
     pub fn forward_into(&self, x: &[f32], out: &mut [f32]) {
-        let gate = self.gate_proj.forward(x);
-        let up = self.up_proj.forward(x);
+        let [gate, up] = Matrix::forward_group([&self.gate_proj, &self.up_proj], x);
         let mut h = vec![0.0; gate.len()];
         self.act.apply(&gate, &up, &mut h);
         self.down_proj.matmul(&h, out);

@@ -308,6 +308,78 @@ impl Panels {
         BUF.with(|b| b.set(q));
     }
 
+    /// `outs[m] = x · mats[m]ᵀ` for matrices of equal width (a layer's q, k
+    /// and v, or gate and up): the activations are rounded once and the
+    /// panels of all of them are split over the pool as one range, so the
+    /// group costs one fork and join instead of one per matrix. Each output is
+    /// bit for bit what [`Panels::matmul`] gives.
+    ///
+    /// # Panics
+    /// If the widths differ, `x` is not `n × cols` or `outs[m]` not
+    /// `n × mats[m].rows` values.
+    pub fn matmul_group(mats: &[&Panels], x: &[f32], n: usize, outs: &mut [&mut [f32]]) {
+        assert_eq!(
+            mats.len(),
+            outs.len(),
+            "Panels::matmul_group: one output per matrix"
+        );
+        let Some(first) = mats.first() else { return };
+        let cols = first.cols;
+        assert!(
+            mats.iter().all(|m| m.cols == cols),
+            "Panels::matmul_group: matrices of different widths"
+        );
+        assert_eq!(
+            x.len(),
+            n * cols,
+            "Panels::matmul_group: x must be [n, cols]"
+        );
+        for (m, o) in mats.iter().zip(outs.iter()) {
+            assert_eq!(
+                o.len(),
+                n * m.rows,
+                "Panels::matmul_group: out must be [n, rows]"
+            );
+        }
+        if n == 0 {
+            return;
+        }
+        let kernel = PanelKernel::best();
+        if cols == 0 || kernel == PanelKernel::Avx2 {
+            // AVX2 tiles are 2 rows: no gain to share; keep one call each.
+            for (m, o) in mats.iter().zip(outs.iter_mut()) {
+                m.matmul(x, n, o);
+            }
+            return;
+        }
+        thread_local! {
+            static BUF: std::cell::Cell<QuantRows> = std::cell::Cell::new(QuantRows::default());
+        }
+        let mut q = BUF.with(|b| b.take());
+        q.fill(kernel, x, n, cols);
+        let mr = kernel.tile_rows();
+        // Panel ranges of each matrix within the group's one range.
+        let starts: Vec<usize> = mats
+            .iter()
+            .scan(0, |acc, m| {
+                let s = *acc;
+                *acc += m.rows.div_ceil(PANEL_ROWS);
+                Some(s)
+            })
+            .collect();
+        let total = starts.last().copied().unwrap_or(0)
+            + mats.last().map_or(0, |m| m.rows.div_ceil(PANEL_ROWS));
+        let ptrs: Vec<OutPtr> = outs.iter_mut().map(|o| OutPtr(o.as_mut_ptr())).collect();
+        let q_ref = &q;
+        for_row_ranges(total, PANEL_ROWS * cols * n, MIN_TASK_MACS, |p0, p1| {
+            for g in p0..p1 {
+                let m = starts.partition_point(|&s| s <= g) - 1;
+                mats[m].panel(kernel, mr, g - starts[m], q_ref, n, ptrs[m]);
+            }
+        });
+        BUF.with(|b| b.set(q));
+    }
+
     /// The tiles of the product, split over the pool by ranges of panels.
     fn run(&self, kernel: PanelKernel, mr: usize, q: &QuantRows, n: usize, out: &mut [f32]) {
         let np = self.rows.div_ceil(PANEL_ROWS);

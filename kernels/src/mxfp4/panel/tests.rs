@@ -277,3 +277,36 @@ fn serial_and_pool_runs_are_bit_identical_and_empty_products_are_handled() {
     let e = Panels::pack(&[], &[], 0, 64).expect("no rows");
     e.matmul(&vec![1.0; 3 * 64], 3, &mut none);
 }
+
+#[test]
+fn a_grouped_product_equals_one_call_per_matrix_bit_for_bit() {
+    let mut rng = Rng::new(11);
+    // q, k, v of a small GQA layer (one partial panel each) and gate/up.
+    for sizes in [[40usize, 24, 24].as_slice(), &[70, 70], &[5]] {
+        let cols = 96;
+        let mats: Vec<Panels> = sizes
+            .iter()
+            .map(|&rows| {
+                let (b, s) = random_packed(&mut rng, rows, cols);
+                Panels::pack(&b, &s, rows, cols).expect("valid layout")
+            })
+            .collect();
+        for &n in &NS {
+            let x = rng.vec(n * cols, 2.0);
+            let want: Vec<Vec<f32>> = mats
+                .iter()
+                .map(|m| {
+                    let mut o = vec![0.0; n * m.rows()];
+                    m.matmul(&x, n, &mut o);
+                    o
+                })
+                .collect();
+            let mut got: Vec<Vec<f32>> =
+                mats.iter().map(|m| vec![f32::NAN; n * m.rows()]).collect();
+            let refs: Vec<&Panels> = mats.iter().collect();
+            let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|o| o.as_mut_slice()).collect();
+            Panels::matmul_group(&refs, &x, n, &mut outs);
+            assert_eq!(got, want, "{sizes:?}, n {n}");
+        }
+    }
+}
