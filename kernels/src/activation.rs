@@ -135,7 +135,7 @@ pub fn gelu_erf_inplace(x: &mut [f32]) {
 
 /// SwiGLU combiner: `out[i] = silu(gate[i]) · up[i]`.
 ///
-/// Vectorised ([`crate::simd`]: `g / (1 + e^{-g}) · u` with the kernels'
+/// Vectorised (`g / (1 + e^{-g}) · u` in the kernels' SIMD layer with their
 /// `exp`, within 4 ulp of the exact value) and split over the pool from
 /// [`GLU_TASK`] values per task. Every value goes through the same vector
 /// code whatever its position, so the result does not depend on how rows

@@ -38,6 +38,7 @@ pub mod dtype;
 pub mod error;
 pub mod flash;
 pub mod gemm;
+mod int8_rows;
 pub mod kda;
 pub mod matrix;
 pub mod mla;

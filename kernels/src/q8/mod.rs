@@ -85,19 +85,7 @@ pub fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
     d
 }
 
-/// Round to nearest, ties to even, for `|v| < 2²²` (larger values and NaN
-/// pass through unchanged or as NaN): adding and subtracting 1.5·2²³ leaves
-/// no fraction bits, so the FPU's own rounding does the work. Unlike
-/// `f32::round` this needs no libm call on baseline x86-64 and vectorises.
-#[inline(always)]
-pub fn round_even(v: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0;
-    if v.abs() < 4_194_304.0 {
-        (v + MAGIC) - MAGIC
-    } else {
-        v
-    }
-}
+pub use crate::int8_rows::round_even;
 
 /// Quantizes a row-major `[rows, cols]` f32 matrix to Q8_0.
 pub fn quantize(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<i8>, Vec<f32>)> {

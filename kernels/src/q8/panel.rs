@@ -31,7 +31,7 @@
 //! rounding of the per-block terms (see the tests).
 
 use crate::error::Result;
-use crate::mxfp4::panel::{Line, QuantRows, Scheme};
+use crate::int8_rows::{Line, QuantRows, Scheme};
 use crate::split::{for_row_ranges, OutPtr};
 
 use super::{check_layout, BLOCK};

@@ -1,7 +1,7 @@
 //! Tests of the Q8_0 panel layout and its GEMM.
 
 use super::*;
-use crate::mxfp4::panel::Scheme;
+use crate::int8_rows::{quantize_block, Scheme};
 use crate::q8::{dequantize, matmul_q8_0, quantize, Activations};
 use crate::testing::values;
 
@@ -43,7 +43,7 @@ fn panel_gemm_equals_the_exact_product_of_the_rounded_values() {
         let mut xr = vec![0.0f32; n * cols];
         let mut qb = [0u8; BLOCK];
         for (blk, out) in x.chunks_exact(BLOCK).zip(xr.chunks_exact_mut(BLOCK)) {
-            let (dx, _) = crate::mxfp4::panel::quantize_block(Scheme::Q8_0, blk, &mut qb);
+            let (dx, _) = quantize_block(Scheme::Q8_0, blk, &mut qb);
             for (o, &v) in out.iter_mut().zip(&qb) {
                 *o = v as i8 as f32 * dx;
             }

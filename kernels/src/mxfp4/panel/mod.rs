@@ -37,10 +37,9 @@
 //! results are bit-identical; the error against the exact product is the
 //! bound stated on [`super::matmul_mxfp4_q8`].
 
-use rayon::prelude::*;
-
 use super::{check_layout, BLOCK_BYTES, BLOCK_ELEMS, E2M1_X2_U8, E8M0_TABLE, ZERO_BLOCK_SCALE};
 use crate::error::Result;
+use crate::int8_rows::{Line, QuantRows, Scheme};
 
 #[cfg(test)]
 mod tests;
@@ -70,11 +69,6 @@ const MR_AVX2: usize = 2;
 /// Minimum multiply-adds per rayon task (~1 µs of task overhead is then
 /// negligible).
 const MIN_TASK_MACS: usize = 1 << 20;
-
-/// One 64-byte, 64-byte-aligned line of panel codes.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-pub(crate) struct Line(pub(crate) [u8; 64]);
 
 /// An MXFP4 `[rows, cols]` matrix in panel layout (see the [module docs](self)).
 #[derive(Clone)]
@@ -299,7 +293,13 @@ impl Panels {
             static BUF: std::cell::Cell<QuantRows> = std::cell::Cell::new(QuantRows::default());
         }
         let mut q = BUF.with(|b| b.take());
-        q.fill(kernel, x, n, self.cols);
+        q.fill_as(
+            Scheme::MXFP4,
+            kernel == PanelKernel::Avx512Vnni,
+            x,
+            n,
+            self.cols,
+        );
         let mr = match kernel {
             PanelKernel::Avx2 => mr.clamp(1, MR_AVX2),
             _ => mr.clamp(1, MAX_TILE_ROWS),
@@ -356,7 +356,7 @@ impl Panels {
             static BUF: std::cell::Cell<QuantRows> = std::cell::Cell::new(QuantRows::default());
         }
         let mut q = BUF.with(|b| b.take());
-        q.fill(kernel, x, n, cols);
+        q.fill_as(Scheme::MXFP4, kernel == PanelKernel::Avx512Vnni, x, n, cols);
         let mr = kernel.tile_rows();
         // Panel ranges of each matrix within the group's one range.
         let starts: Vec<usize> = mats
@@ -420,134 +420,6 @@ impl Panels {
             i += m;
         }
     }
-}
-
-/// How a panel's weight bytes relate to their values, which fixes what the
-/// activation rounding stores next to each block: `d · d_mul` and
-/// `−offset · Σq`. MXFP4 panels hold doubled E2M1 values plus 12
-/// ([`Scheme::MXFP4`]); Q8_0 panels hold the int8 value plus 128
-/// ([`Scheme::Q8_0`], see [`crate::q8::panel`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Scheme {
-    /// Factor on the block scale `d = amax/127` (exact: a power of two).
-    pub(crate) d_mul: f32,
-    /// The unsigned offset of the weight bytes.
-    pub(crate) offset: i32,
-}
-
-impl Scheme {
-    /// Doubled E2M1 codes plus 12: `d/2`, `−12·Σq`.
-    pub(crate) const MXFP4: Scheme = Scheme {
-        d_mul: 0.5,
-        offset: 12,
-    };
-    /// Int8 values plus 128: `d`, `−128·Σq`.
-    pub(crate) const Q8_0: Scheme = Scheme {
-        d_mul: 1.0,
-        offset: 128,
-    };
-}
-
-/// Activation rows rounded to int8 per block, in the kernels' layout.
-#[derive(Default)]
-pub(crate) struct QuantRows {
-    /// `q` as i8 bits, `[n, cols]`, natural order.
-    pub(crate) q: Vec<u8>,
-    /// `d · d_mul` per block, `[n, cols/32]` (see [`Scheme`]).
-    pub(crate) d: Vec<f32>,
-    /// `−offset·Σq` per block, `[n, cols/32]`.
-    pub(crate) c: Vec<i32>,
-}
-
-impl QuantRows {
-    /// Rounds `x [n, cols]` for MXFP4 panels.
-    fn fill(&mut self, kernel: PanelKernel, x: &[f32], n: usize, cols: usize) {
-        self.fill_as(Scheme::MXFP4, kernel == PanelKernel::Avx512Vnni, x, n, cols)
-    }
-
-    /// Rounds `x [n, cols]` under `scheme`, with the AVX-512 rounding loop
-    /// when `avx512` (the caller checked AVX-512 F/BW), on the pool when
-    /// there are many rows.
-    pub(crate) fn fill_as(
-        &mut self,
-        scheme: Scheme,
-        avx512: bool,
-        x: &[f32],
-        n: usize,
-        cols: usize,
-    ) {
-        let nb = cols / BLOCK_ELEMS;
-        self.q.clear();
-        self.q.resize(n * cols, 0);
-        self.d.clear();
-        self.d.resize(n * nb, 0.0);
-        self.c.clear();
-        self.c.resize(n * nb, 0);
-        let rows_per_task = (65536 / cols.max(1)).max(1);
-        let one = |(((x, q), d), c): RowChunk<'_>| quantize_rows(scheme, avx512, x, q, d, c);
-        let (xr, qr) = (rows_per_task * cols, rows_per_task * nb);
-        if n <= rows_per_task || crate::threads::is_serial() || rayon::current_num_threads() == 1 {
-            x.chunks(xr)
-                .zip(self.q.chunks_mut(xr))
-                .zip(self.d.chunks_mut(qr))
-                .zip(self.c.chunks_mut(qr))
-                .for_each(one);
-        } else {
-            x.par_chunks(xr)
-                .zip(self.q.par_chunks_mut(xr))
-                .zip(self.d.par_chunks_mut(qr))
-                .zip(self.c.par_chunks_mut(qr))
-                .for_each(one);
-        }
-    }
-}
-
-/// One task's rows of `x`, `q`, `d` and `c`, as zipped chunks.
-type RowChunk<'a> = (((&'a [f32], &'a mut [u8]), &'a mut [f32]), &'a mut [i32]);
-
-/// Rounds whole rows (any number of blocks), with AVX-512 when `avx512`.
-fn quantize_rows(
-    scheme: Scheme,
-    avx512: bool,
-    x: &[f32],
-    q: &mut [u8],
-    d: &mut [f32],
-    c: &mut [i32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512 {
-        // SAFETY: callers pass `avx512` only where AVX-512 F/BW are present.
-        return unsafe { x86::quantize_avx512(scheme, x, q, d, c) };
-    }
-    let _ = avx512;
-    for (((xb, qb), db), cb) in x
-        .chunks_exact(BLOCK_ELEMS)
-        .zip(q.chunks_exact_mut(BLOCK_ELEMS))
-        .zip(d.iter_mut())
-        .zip(c.iter_mut())
-    {
-        (*db, *cb) = quantize_block(scheme, xb, qb);
-    }
-}
-
-/// Rounds one block to int8 into `q` (i8 bits); returns `(d·d_mul,
-/// −offset·Σq)` ([`Scheme`]). A block holding NaN or ±∞ gets `d = NaN`, so
-/// its outputs are NaN.
-pub(crate) fn quantize_block(scheme: Scheme, x: &[f32], q: &mut [u8]) -> (f32, i32) {
-    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-    let mut sum = 0i32;
-    for (o, &v) in q.iter_mut().zip(x) {
-        let r = crate::q8::round_even(v * inv).clamp(-127.0, 127.0) as i8;
-        sum += r as i32;
-        *o = r as u8;
-    }
-    let finite = x.iter().all(|v| v.is_finite());
-    (
-        if finite { d * scheme.d_mul } else { f32::NAN },
-        -scheme.offset * sum,
-    )
 }
 
 /// One panel and what the tile kernels need to write its outputs.

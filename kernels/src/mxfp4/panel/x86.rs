@@ -2,7 +2,7 @@
 //! features; tiles and activation rows are sized by the caller.
 use std::arch::x86_64::*;
 
-use super::{RowsQ, Scheme, Tile};
+use super::{RowsQ, Tile};
 use crate::mxfp4::{BLOCK_ELEMS, E2M1_X2_U8};
 
 /// [`E2M1_X2_U8`] four times: `vpermb` reads 6 index bits, so the high
@@ -171,57 +171,6 @@ pub(super) unsafe fn tile_avx2<const MR: usize>(t: &Tile<'_>, xs: &RowsQ<'_>, ou
             _mm256_storeu_ps(y.as_mut_ptr(), f[0]);
             _mm256_storeu_ps(y.as_mut_ptr().add(8), f[1]);
             std::ptr::copy_nonoverlapping(y.as_ptr(), out.add(i * t.rows), t.valid.min(16));
-        }
-    }
-}
-
-/// [`super::quantize_block`] under `scheme` over whole rows with AVX-512: max |x| by
-/// a vector reduction, round-to-nearest-even, saturating packs to bytes.
-/// Bit-identical to the plain loop for finite blocks; non-finite blocks get
-/// `d = NaN` in both.
-///
-/// # Safety
-/// AVX-512 F/BW present; `q` as long as `x`, `d` and `c` one per block.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(super) unsafe fn quantize_avx512(
-    scheme: Scheme,
-    x: &[f32],
-    q: &mut [u8],
-    d: &mut [f32],
-    c: &mut [i32],
-) {
-    let (lo_c, hi_c) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
-    for (((blk, qb), db), cb) in x
-        .chunks_exact(BLOCK_ELEMS)
-        .zip(q.chunks_exact_mut(BLOCK_ELEMS))
-        .zip(d.iter_mut())
-        .zip(c.iter_mut())
-    {
-        // SAFETY: a block is 32 floats and 32 bytes.
-        unsafe {
-            let lo = _mm512_loadu_ps(blk.as_ptr());
-            let hi = _mm512_loadu_ps(blk.as_ptr().add(16));
-            let zero = _mm512_setzero_ps();
-            // x·0 is NaN exactly for ±∞ and NaN.
-            let finite = _mm512_reduce_add_ps(_mm512_add_ps(
-                _mm512_mul_ps(lo, zero),
-                _mm512_mul_ps(hi, zero),
-            )) == 0.0;
-            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-            let dd = amax / 127.0;
-            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-            *db = if finite { dd * scheme.d_mul } else { f32::NAN };
-            let inv = _mm512_set1_ps(inv);
-            let round = |v: __m512| {
-                let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                    _mm512_mul_ps(v, inv),
-                );
-                _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo_c), hi_c))
-            };
-            let (ql, qh) = (round(lo), round(hi));
-            _mm_storeu_si128(qb.as_mut_ptr().cast(), _mm512_cvtsepi32_epi8(ql));
-            _mm_storeu_si128(qb.as_mut_ptr().add(16).cast(), _mm512_cvtsepi32_epi8(qh));
-            *cb = -scheme.offset * _mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh));
         }
     }
 }
