@@ -155,10 +155,99 @@ pub(crate) fn quantize_block(scheme: Scheme, x: &[f32], q: &mut [u8]) -> (f32, i
     )
 }
 
+/// Runs `f` on `x [n, cols]` rounded under `scheme` (with AVX-512 when
+/// `avx512`) into this thread's buffer, which is kept for the next call, so
+/// a warm thread allocates nothing.
+pub(crate) fn with_rounded<R>(
+    scheme: Scheme,
+    avx512: bool,
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    f: impl FnOnce(&QuantRows) -> R,
+) -> R {
+    thread_local! {
+        static BUF: std::cell::Cell<QuantRows> = std::cell::Cell::new(QuantRows::default());
+    }
+    let mut q = BUF.with(|b| b.take());
+    q.fill_as(scheme, avx512, x, n, cols);
+    let r = f(&q);
+    BUF.with(|b| b.set(q));
+    r
+}
+
+/// Checks the operands of `out[n, rows] = x[n, cols] · Wᵀ` for `op` and
+/// says whether there is anything to multiply (an empty width gives zeros).
+///
+/// # Panics
+/// If `x` is not `n × cols` or `out` not `n × rows` values.
+pub(crate) fn product_ready(
+    op: &str,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    rows: usize,
+    cols: usize,
+) -> bool {
+    assert_eq!(x.len(), n * cols, "{op}: x must be [n, cols]");
+    assert_eq!(out.len(), n * rows, "{op}: out must be [n, rows]");
+    if cols == 0 {
+        out.fill(0.0);
+    }
+    n > 0 && rows > 0 && cols > 0
+}
+
 #[cfg(target_arch = "x86_64")]
-mod x86 {
-    //! The AVX-512 rounding loop. Callers check CPU features.
+pub(crate) mod x86 {
+    //! The AVX-512 rounding loop, and the block epilogue and tile store the
+    //! panel tiles share. Callers check CPU features.
     use std::arch::x86_64::*;
+
+    /// The end of a panel block for `MR` activation rows:
+    /// `facc[i] += f32(acc[i]) · (ws · d_i)` with `d_i = xd[i·nb + b]`.
+    ///
+    /// # Safety
+    /// AVX-512F present; `xd` holds `MR` rows of `nb` scales.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn scale_add<const MR: usize>(
+        facc: &mut [__m512; MR],
+        acc: &[__m512i; MR],
+        ws: __m512,
+        xd: *const f32,
+        nb: usize,
+        b: usize,
+    ) {
+        for (i, (f, a)) in facc.iter_mut().zip(acc).enumerate() {
+            // SAFETY: the caller's contract.
+            let s = _mm512_mul_ps(ws, _mm512_set1_ps(unsafe { *xd.add(i * nb + b) }));
+            *f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*a), s, *f);
+        }
+    }
+
+    /// Stores the first `valid` (≤ 16) lanes of each row's accumulator, rows
+    /// `stride` apart from `out`.
+    ///
+    /// # Safety
+    /// AVX-512F present; those `MR × valid` outputs are writable.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn store_rows<const MR: usize>(
+        facc: &[__m512; MR],
+        out: *mut f32,
+        stride: usize,
+        valid: usize,
+    ) {
+        let mask: u16 = if valid >= 16 {
+            0xFFFF
+        } else {
+            (1u16 << valid) - 1
+        };
+        for (i, f) in facc.iter().enumerate() {
+            // SAFETY: the caller's contract.
+            unsafe { _mm512_mask_storeu_ps(out.add(i * stride), mask, *f) };
+        }
+    }
 
     use super::{Scheme, BLOCK};
 

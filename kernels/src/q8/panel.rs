@@ -31,7 +31,7 @@
 //! rounding of the per-block terms (see the tests).
 
 use crate::error::Result;
-use crate::int8_rows::{Line, QuantRows, Scheme};
+use crate::int8_rows::{product_ready, with_rounded, Line, QuantRows, Scheme};
 use crate::split::{for_row_ranges, OutPtr};
 
 use super::{check_layout, BLOCK};
@@ -224,50 +224,31 @@ impl Q8Panels {
             kernel.supported(),
             "Q8Panels::matmul: {kernel:?} is not supported here"
         );
-        assert_eq!(
-            x.len(),
-            n * self.cols,
-            "Q8Panels::matmul: x must be [n, cols]"
-        );
-        assert_eq!(
-            out.len(),
-            n * self.rows,
-            "Q8Panels::matmul: out must be [n, rows]"
-        );
-        if n == 0 || self.rows == 0 {
+        if !product_ready("Q8Panels::matmul", x, n, out, self.rows, self.cols) {
             return;
         }
-        if self.cols == 0 {
-            out.fill(0.0);
-            return;
-        }
-        thread_local! {
-            static BUF: std::cell::Cell<QuantRows> = std::cell::Cell::new(QuantRows::default());
-        }
-        let mut q = BUF.with(|b| b.take());
         #[cfg(target_arch = "x86_64")]
         let avx512 =
             kernel == Q8PanelKernel::Avx512Vnni && std::is_x86_feature_detected!("avx512vl");
         #[cfg(not(target_arch = "x86_64"))]
         let avx512 = false;
-        q.fill_as(Scheme::Q8_0, avx512, x, n, self.cols);
-        let np = self.rows.div_ceil(PANEL_ROWS);
-        let outp = OutPtr(out.as_mut_ptr());
-        let q_ref = &q;
-        for_row_ranges(np, PANEL_ROWS * self.cols * n, MIN_TASK_MACS, |p0, p1| {
-            for p in p0..p1 {
-                let mut i = 0;
-                while i < n {
-                    let m = (n - i).min(MR);
-                    // SAFETY: rows i..i+m and the panel's columns are inside
-                    // out and belong to this task only; the AVX-512 tile runs
-                    // only where supported (asserted above).
-                    unsafe { self.tile(kernel, p, q_ref, i, m, outp) };
-                    i += m;
+        with_rounded(Scheme::Q8_0, avx512, x, n, self.cols, |q| {
+            let np = self.rows.div_ceil(PANEL_ROWS);
+            let outp = OutPtr(out.as_mut_ptr());
+            for_row_ranges(np, PANEL_ROWS * self.cols * n, MIN_TASK_MACS, |p0, p1| {
+                for p in p0..p1 {
+                    let mut i = 0;
+                    while i < n {
+                        let m = (n - i).min(MR);
+                        // SAFETY: rows i..i+m and the panel's columns are inside
+                        // out and belong to this task only; the AVX-512 tile runs
+                        // only where supported (asserted above).
+                        unsafe { self.tile(kernel, p, q, i, m, outp) };
+                        i += m;
+                    }
                 }
-            }
+            });
         });
-        BUF.with(|b| b.set(q));
     }
 
     /// Activation rows `i0..i0 + m` against panel `p`.
@@ -368,6 +349,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{Tile, BLOCK, LINES};
+    use crate::int8_rows::x86::{scale_add, store_rows};
 
     /// How far ahead the panel's first row tile hints its lines: one
     /// matrix's panels are contiguous, so this runs into the next panel.
@@ -421,19 +403,9 @@ mod x86 {
                     _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES + 512).cast());
                 }
                 let ws = _mm512_load_ps(blk.add(512).cast());
-                for (i, (f, a)) in facc.iter_mut().zip(&acc).enumerate() {
-                    let s = _mm512_mul_ps(ws, _mm512_set1_ps(*xd.add(i * nb + b)));
-                    *f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*a), s, *f);
-                }
+                scale_add(&mut facc, &acc, ws, xd, nb, b);
             }
-            let mask: u16 = if t.valid >= 16 {
-                0xFFFF
-            } else {
-                (1u16 << t.valid) - 1
-            };
-            for (i, f) in facc.iter().enumerate() {
-                _mm512_mask_storeu_ps(out.add(i * t.stride), mask, *f);
-            }
+            store_rows(&facc, out, t.stride, t.valid);
         }
     }
 }

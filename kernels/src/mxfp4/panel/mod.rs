@@ -39,7 +39,7 @@
 
 use super::{check_layout, BLOCK_BYTES, BLOCK_ELEMS, E2M1_X2_U8, E8M0_TABLE, ZERO_BLOCK_SCALE};
 use crate::error::Result;
-use crate::int8_rows::{Line, QuantRows, Scheme};
+use crate::int8_rows::{product_ready, with_rounded, Line, QuantRows, Scheme};
 
 #[cfg(test)]
 mod tests;
@@ -272,40 +272,17 @@ impl Panels {
             kernel.supported(),
             "Panels::matmul: {kernel:?} is not supported here"
         );
-        assert_eq!(
-            x.len(),
-            n * self.cols,
-            "Panels::matmul: x must be [n, cols]"
-        );
-        assert_eq!(
-            out.len(),
-            n * self.rows,
-            "Panels::matmul: out must be [n, rows]"
-        );
-        if n == 0 || self.rows == 0 {
+        if !product_ready("Panels::matmul", x, n, out, self.rows, self.cols) {
             return;
         }
-        if self.cols == 0 {
-            out.fill(0.0);
-            return;
-        }
-        thread_local! {
-            static BUF: std::cell::Cell<QuantRows> = std::cell::Cell::new(QuantRows::default());
-        }
-        let mut q = BUF.with(|b| b.take());
-        q.fill_as(
-            Scheme::MXFP4,
-            kernel == PanelKernel::Avx512Vnni,
-            x,
-            n,
-            self.cols,
-        );
+        let avx512 = kernel == PanelKernel::Avx512Vnni;
         let mr = match kernel {
             PanelKernel::Avx2 => mr.clamp(1, MR_AVX2),
             _ => mr.clamp(1, MAX_TILE_ROWS),
         };
-        self.run(kernel, mr, &q, n, out);
-        BUF.with(|b| b.set(q));
+        with_rounded(Scheme::MXFP4, avx512, x, n, self.cols, |q| {
+            self.run(kernel, mr, q, n, out)
+        });
     }
 
     /// `outs[m] = x · mats[m]ᵀ` for matrices of equal width (a layer's q, k
@@ -352,11 +329,6 @@ impl Panels {
             }
             return;
         }
-        thread_local! {
-            static BUF: std::cell::Cell<QuantRows> = std::cell::Cell::new(QuantRows::default());
-        }
-        let mut q = BUF.with(|b| b.take());
-        q.fill_as(Scheme::MXFP4, kernel == PanelKernel::Avx512Vnni, x, n, cols);
         let mr = kernel.tile_rows();
         // Panel ranges of each matrix within the group's one range.
         let starts: Vec<usize> = mats
@@ -370,14 +342,15 @@ impl Panels {
         let total = starts.last().copied().unwrap_or(0)
             + mats.last().map_or(0, |m| m.rows.div_ceil(PANEL_ROWS));
         let ptrs: Vec<OutPtr> = outs.iter_mut().map(|o| OutPtr(o.as_mut_ptr())).collect();
-        let q_ref = &q;
-        for_row_ranges(total, PANEL_ROWS * cols * n, MIN_TASK_MACS, |p0, p1| {
-            for g in p0..p1 {
-                let m = starts.partition_point(|&s| s <= g) - 1;
-                mats[m].panel(kernel, mr, g - starts[m], q_ref, n, ptrs[m]);
-            }
+        let avx512 = kernel == PanelKernel::Avx512Vnni;
+        with_rounded(Scheme::MXFP4, avx512, x, n, cols, |q| {
+            for_row_ranges(total, PANEL_ROWS * cols * n, MIN_TASK_MACS, |p0, p1| {
+                for g in p0..p1 {
+                    let m = starts.partition_point(|&s| s <= g) - 1;
+                    mats[m].panel(kernel, mr, g - starts[m], q, n, ptrs[m]);
+                }
+            });
         });
-        BUF.with(|b| b.set(q));
     }
 
     /// The tiles of the product, split over the pool by ranges of panels.

@@ -3,6 +3,7 @@
 use std::arch::x86_64::*;
 
 use super::{RowsQ, Tile};
+use crate::int8_rows::x86::{scale_add, store_rows};
 use crate::mxfp4::{BLOCK_ELEMS, E2M1_X2_U8};
 
 /// [`E2M1_X2_U8`] four times: `vpermb` reads 6 index bits, so the high
@@ -86,19 +87,9 @@ pub(super) unsafe fn tile_avx512<const MR: usize, const PREFETCH: bool>(
                 sbits = _mm512_mask_mov_epi32(sbits, nan, _mm512_set1_epi32(E8M0_NAN_BITS));
             }
             let ws = _mm512_castsi512_ps(sbits);
-            for (i, (f, a)) in facc.iter_mut().zip(&acc).enumerate() {
-                let s = _mm512_mul_ps(ws, _mm512_set1_ps(*xd.add(i * nb + b)));
-                *f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*a), s, *f);
-            }
+            scale_add(&mut facc, &acc, ws, xd, nb, b);
         }
-        let mask: u16 = if t.valid >= 16 {
-            0xFFFF
-        } else {
-            (1u16 << t.valid) - 1
-        };
-        for (i, f) in facc.iter().enumerate() {
-            _mm512_mask_storeu_ps(out.add(i * t.rows), mask, *f);
-        }
+        store_rows(&facc, out, t.rows, t.valid);
     }
 }
 
