@@ -101,17 +101,7 @@ impl Isa {
 /// layer's routed experts, a few tens of KiB each, chosen per token).
 /// A hint: no effect on results; nothing off x86-64.
 pub fn prefetch(bytes: &[u8], len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for off in (0..len.min(bytes.len())).step_by(64) {
-        // SAFETY: `off` lies inside `bytes`; prefetching never faults.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                bytes.as_ptr().add(off).cast(),
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (bytes, len);
+    prefetch_span(bytes.as_ptr(), len.min(bytes.len()));
 }
 
 /// Hints every 64-byte line that `[p, p + bytes)` touches into L1: for rows

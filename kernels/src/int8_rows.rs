@@ -169,11 +169,10 @@ pub(crate) fn with_rounded<R>(
     thread_local! {
         static BUF: std::cell::Cell<QuantRows> = std::cell::Cell::new(QuantRows::default());
     }
-    let mut q = BUF.with(|b| b.take());
-    q.fill_as(scheme, avx512, x, n, cols);
-    let r = f(&q);
-    BUF.with(|b| b.set(q));
-    r
+    crate::threads::with_local(&BUF, |q| {
+        q.fill_as(scheme, avx512, x, n, cols);
+        f(q)
+    })
 }
 
 /// Checks the operands of `out[n, rows] = x[n, cols] · Wᵀ` for `op` and

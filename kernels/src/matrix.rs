@@ -35,7 +35,7 @@ use std::sync::Arc;
 use crate::dtype::{bf16_to_f32, DType};
 use crate::error::{Error, Result};
 use crate::mxfp4::panel::Panels;
-use crate::q8::panel::Q8Panels;
+use crate::q8::panel::{Q8PanelKernel, Q8Panels};
 use crate::q8::Activations;
 
 /// Bytes owned elsewhere (a memory map) that a [`Storage`] can borrow.
@@ -147,6 +147,22 @@ fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {
     unsafe {
         std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values))
     }
+}
+
+/// Int8 values stored as bytes.
+fn as_i8(bytes: &[u8]) -> &[i8] {
+    // SAFETY: i8 and u8 have the same size and alignment.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast(), bytes.len()) }
+}
+
+/// The row layout of Q8_0 panels as a Q8_0 [`Matrix`] stores it: the int8
+/// values' bytes and the f32 scales' bytes.
+fn q8_row_bytes(p: &Q8Panels) -> (Vec<u8>, Vec<u8>) {
+    let (q, d) = p.unpack();
+    (
+        q.iter().map(|&v| v as u8).collect(),
+        d.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    )
 }
 
 fn cast_slice<T: Copy>(bytes: &[u8]) -> &[T] {
@@ -305,24 +321,20 @@ impl Matrix {
                 Weights::Panels(Arc::new(p))
             }
             (DType::Q8_0, Activations::Int8, Weights::Rows { data, scales })
-                if crate::cpu::features().avx512_vnni =>
+                if Q8PanelKernel::Avx512Vnni.supported() =>
             {
                 let scales = scales.expect("Q8_0 matrices are built with scales");
-                let b = data.bytes();
-                // SAFETY: i8 and u8 have the same size and alignment.
-                let q = unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<i8>(), b.len()) };
-                let p = Q8Panels::pack(q, scales.as_f32(), rows, cols)
+                let p = Q8Panels::pack(as_i8(data.bytes()), scales.as_f32(), rows, cols)
                     .expect("Q8_0 layout checked at construction");
                 data.release();
                 scales.release();
                 Weights::Q8Panels(Arc::new(p))
             }
             (_, Activations::F32, Weights::Q8Panels(p)) => {
-                let (q, d) = p.unpack();
-                let bytes: Vec<u8> = q.iter().map(|&v| v as u8).collect();
+                let (values, scales) = q8_row_bytes(&p);
                 Weights::Rows {
-                    data: Storage::from_bytes(&bytes),
-                    scales: Some(Storage::from_f32(&d)),
+                    data: Storage::from_bytes(&values),
+                    scales: Some(Storage::from_bytes(&scales)),
                 }
             }
             (_, Activations::F32, Weights::Panels(p)) => {
@@ -399,10 +411,8 @@ impl Matrix {
                 (Cow::Owned(blocks), Some(Cow::Owned(scales)))
             }
             Weights::Q8Panels(p) => {
-                let (q, d) = p.unpack();
-                let bytes = q.iter().map(|&v| v as u8).collect();
-                let scales = d.iter().flat_map(|v| v.to_le_bytes()).collect();
-                (Cow::Owned(bytes), Some(Cow::Owned(scales)))
+                let (values, scales) = q8_row_bytes(p);
+                (Cow::Owned(values), Some(Cow::Owned(scales)))
             }
         }
     }
@@ -462,9 +472,7 @@ impl Matrix {
     }
 
     fn q8_values(&self) -> &[i8] {
-        let b = self.row_data().bytes();
-        // SAFETY: i8 and u8 have the same size and alignment.
-        unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len()) }
+        as_i8(self.row_data().bytes())
     }
 
     fn q8_scales(&self) -> &[f32] {
@@ -560,13 +568,8 @@ impl Matrix {
         let panels: Option<Vec<&Panels>> = mats.iter().map(|m| m.panels()).collect();
         match panels {
             Some(p) if !p.is_empty() && mats.iter().all(|m| m.cols == mats[0].cols) => {
-                let n = x.len() / mats[0].cols;
-                assert_eq!(
-                    x.len(),
-                    n * mats[0].cols,
-                    "matmul: input is not a whole number of rows"
-                );
-                Panels::matmul_group(&p, x, n, outs)
+                // A partial last row fails Panels::matmul_group's shape check.
+                Panels::matmul_group(&p, x, x.len() / mats[0].cols.max(1), outs)
             }
             _ => {
                 for (m, o) in mats.iter().zip(outs.iter_mut()) {
@@ -767,7 +770,7 @@ mod tests {
         let (q, d) = (q8.q8_values(), q8.q8_scales());
         crate::q8::matmul_q8_0(&x, n, q, d, rows, cols, &mut want, Activations::F32);
         assert_eq!(q8.forward(&x), want, "Q8_0, f32 activations");
-        if crate::cpu::features().avx512_vnni {
+        if Q8PanelKernel::Avx512Vnni.supported() {
             // Int8 activations with VNNI: the panels, and no row layout kept.
             let p = crate::q8::panel::Q8Panels::pack(q, d, rows, cols).unwrap();
             p.matmul(&x, n, &mut want);

@@ -38,6 +38,20 @@ thread_local! {
     static BUSY: Cell<bool> = const { Cell::new(false) };
 }
 
+/// Runs `f` on this thread's value in `key`, taken out for the call (a
+/// nested call on the same thread gets a fresh one; a panic in `f` drops it).
+pub(crate) fn with_local<T: Default, R>(
+    key: &'static std::thread::LocalKey<std::cell::Cell<T>>,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    key.with(|c| {
+        let mut v = c.take();
+        let r = f(&mut v);
+        c.set(v);
+        r
+    })
+}
+
 /// Runs `f` with the kernels it calls kept on this thread (see the module
 /// docs). Nests; the setting ends with `f`, also when `f` panics.
 pub fn serial<R>(f: impl FnOnce() -> R) -> R {

@@ -505,7 +505,7 @@ thread_local! {
 impl Scratch {
     /// Runs `f` on this thread's scratch.
     fn with<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
-        super::with_local(&SCRATCH, f)
+        crate::threads::with_local(&SCRATCH, f)
     }
 }
 
@@ -623,7 +623,9 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
         for j in j0..(j1 + ahead).min(p.k1) {
             let at = pool.row_offset(seq.block_table, j);
             sc.koff.push(at + k_at);
-            sc.voff.push(at + v_at);
+            if j < j1 {
+                sc.voff.push(at + v_at);
+            }
         }
         if j0 == p.k0 {
             for &off in &sc.koff[..ahead.min(nk)] {

@@ -423,22 +423,8 @@ thread_local! {
 impl Scratch {
     /// Runs `f` on this thread's scratch.
     fn with<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
-        with_local(&SCRATCH, f)
+        crate::threads::with_local(&SCRATCH, f)
     }
-}
-
-/// Runs `f` on this thread's value in `key`, taken out for the call (a
-/// nested call on the same thread gets a fresh one; a panic in `f` drops it).
-pub(super) fn with_local<T: Default, R>(
-    key: &'static std::thread::LocalKey<std::cell::Cell<T>>,
-    f: impl FnOnce(&mut T) -> R,
-) -> R {
-    key.with(|c| {
-        let mut v = c.take();
-        let r = f(&mut v);
-        c.set(v);
-        r
-    })
 }
 
 /// Index of the first 64-byte aligned element of `v` after growing it to

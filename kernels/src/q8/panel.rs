@@ -80,9 +80,12 @@ impl Q8PanelKernel {
     /// Whether this CPU runs `self`.
     pub fn supported(self) -> bool {
         match self {
+            #[cfg(target_arch = "x86_64")]
             Q8PanelKernel::Avx512Vnni => {
-                cfg!(target_arch = "x86_64") && crate::cpu::features().avx512_vnni
+                crate::cpu::features().avx512_vnni && std::is_x86_feature_detected!("avx512vl")
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            Q8PanelKernel::Avx512Vnni => false,
             Q8PanelKernel::Portable => true,
         }
     }
@@ -146,15 +149,22 @@ impl Q8Panels {
         );
         assert_eq!(q.len(), self.cols, "Q8Panels::row_into: values");
         assert_eq!(d.len(), self.nb, "Q8Panels::row_into: scales");
-        let (p, r) = (row / PANEL_ROWS, row % PANEL_ROWS);
         for (b, (qb, db)) in q.chunks_exact_mut(BLOCK).zip(d.iter_mut()).enumerate() {
-            let blk = &self.lines[(p * self.nb + b) * LINES..(p * self.nb + b + 1) * LINES];
-            for (e, v) in qb.iter_mut().enumerate() {
-                *v = (blk[e / 4].0[4 * r + e % 4] as i32 - 128) as i8;
+            let (vals, s) = self.row_block(row, b);
+            for (v, x) in qb.iter_mut().zip(vals) {
+                *v = x;
             }
-            let s = &blk[8].0[4 * r..4 * r + 4];
-            *db = f32::from_le_bytes(s.try_into().expect("four bytes"));
+            *db = s;
         }
+    }
+
+    /// Block `b` of row `row`: its 32 int8 values and its scale.
+    fn row_block(&self, row: usize, b: usize) -> (impl Iterator<Item = i8> + '_, f32) {
+        let (p, r) = (row / PANEL_ROWS, row % PANEL_ROWS);
+        let blk = &self.lines[(p * self.nb + b) * LINES..(p * self.nb + b + 1) * LINES];
+        let s = f32::from_le_bytes(blk[8].0[4 * r..4 * r + 4].try_into().expect("four bytes"));
+        let vals = (0..BLOCK).map(move |e| (blk[e / 4].0[4 * r + e % 4] as i32 - 128) as i8);
+        (vals, s)
     }
 
     /// The row layout back (`(q, d)`), exactly as packed.
@@ -173,11 +183,22 @@ impl Q8Panels {
 
     /// Row `row` decoded to f32, bit for bit what [`super::dequantize_into`]
     /// gives for it from the row layout.
+    ///
+    /// # Panics
+    /// If `row ≥ rows` or `out` is not `cols` values.
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
-        let mut q = vec![0i8; self.cols];
-        let mut d = vec![0.0f32; self.nb];
-        self.row_into(row, &mut q, &mut d);
-        super::dequantize_into(&q, &d, out);
+        assert!(
+            row < self.rows,
+            "Q8Panels::dequantize_row: row {row} of {}",
+            self.rows
+        );
+        assert_eq!(out.len(), self.cols, "Q8Panels::dequantize_row: out");
+        for (b, ob) in out.chunks_exact_mut(BLOCK).enumerate() {
+            let (q, s) = self.row_block(row, b);
+            for (o, v) in ob.iter_mut().zip(q) {
+                *o = v as f32 * s;
+            }
+        }
     }
 
     /// Output features.
@@ -227,11 +248,7 @@ impl Q8Panels {
         if !product_ready("Q8Panels::matmul", x, n, out, self.rows, self.cols) {
             return;
         }
-        #[cfg(target_arch = "x86_64")]
-        let avx512 =
-            kernel == Q8PanelKernel::Avx512Vnni && std::is_x86_feature_detected!("avx512vl");
-        #[cfg(not(target_arch = "x86_64"))]
-        let avx512 = false;
+        let avx512 = kernel == Q8PanelKernel::Avx512Vnni;
         with_rounded(Scheme::Q8_0, avx512, x, n, self.cols, |q| {
             let np = self.rows.div_ceil(PANEL_ROWS);
             let outp = OutPtr(out.as_mut_ptr());
