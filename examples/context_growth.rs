@@ -15,7 +15,7 @@
 //! ```text
 //! cargo run --release --example context_growth -- [--tokens 262144] [--slice 16384]
 //!     [--decode-at 16384,65536,262144] [--decode-tokens 32] [--model DIR] [--csv FILE]
-//!     [--kv-cache-dtype bf16|f32]
+//!     [--kv-cache-dtype bf16|int8|f32]
 //! ```
 
 use std::path::PathBuf;
@@ -69,11 +69,9 @@ fn parse_args() -> Result<Args> {
             "--model" => a.model = Some(PathBuf::from(value()?)),
             "--csv" => a.csv = Some(PathBuf::from(value()?)),
             "--kv-cache-dtype" => {
-                a.kv = match value()?.as_str() {
-                    "bf16" => KvDtype::Bf16,
-                    "f32" => KvDtype::F32,
-                    other => bail!("--kv-cache-dtype must be bf16 or f32, got {other}"),
-                }
+                a.kv = value()?
+                    .parse()
+                    .map_err(|e: String| anyhow::anyhow!("--kv-cache-dtype: {e}"))?
             }
             other => bail!("unknown flag {other}"),
         }
@@ -158,7 +156,7 @@ fn main() -> Result<()> {
         );
     }
     let page_size = 16;
-    let row_bytes = info.kv_width * info.kv_layers * a.kv.bytes();
+    let row_bytes = info.kv_layers * a.kv.row_bytes(info.kv_width, info.kv_segment);
     let kv_budget =
         (a.tokens + a.decode_tokens * a.decode_at.len() + 4 * page_size) * row_bytes * 2;
     let cfg = EngineConfig {

@@ -31,7 +31,7 @@
 
 use std::time::{Duration, Instant};
 
-use caracal_kernels::paged::KvPool;
+use caracal_kernels::paged::{KvDtype, KvPool};
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -53,6 +53,8 @@ pub struct PplOptions {
     pub max_chunks: Option<usize>,
     /// Draw a progress bar on stderr with the running estimate.
     pub progress: bool,
+    /// How the windows' KV rows are stored (default f32, exact).
+    pub kv_cache_dtype: KvDtype,
 }
 
 impl Default for PplOptions {
@@ -62,6 +64,7 @@ impl Default for PplOptions {
             bos: None,
             max_chunks: None,
             progress: false,
+            kv_cache_dtype: KvDtype::F32,
         }
     }
 }
@@ -167,7 +170,7 @@ pub fn perplexity(model: &dyn CausalLm, tokens: &[u32], opts: &PplOptions) -> Re
         if let Some(bos) = opts.bos {
             window[0] = bos;
         }
-        let logits = window_logits(model, &window, first, pages)?;
+        let logits = window_logits(model, &window, first, pages, opts.kv_cache_dtype)?;
         // logits[r] is the row of position first + r; it predicts window[first + r + 1].
         let terms: Vec<f64> = (0..ctx - 1 - first)
             .into_par_iter()
@@ -221,13 +224,16 @@ fn window_logits(
     window: &[u32],
     first: usize,
     pages: usize,
+    dtype: KvDtype,
 ) -> Result<Vec<f32>> {
     let info = model.info();
-    let mut cache = KvPool::new(
+    let mut cache = KvPool::with_layout(
         info.kv_layers,
         if info.kv_layers > 0 { pages } else { 0 },
         PAGE_SIZE,
         info.kv_width,
+        info.kv_segment,
+        dtype,
     );
     let mut state = model.new_state();
     let mut out = Vec::with_capacity((window.len() - first) * info.vocab_size);

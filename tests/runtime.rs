@@ -512,9 +512,10 @@ fn media_rows_stand_for_their_tokens_through_the_scheduler() {
 
 /// bf16 KV rows (`--kv-cache-dtype bf16`, the server default) give the same
 /// next-token distribution as f32 rows within bf16's rounding, in half the
-/// bytes per page.
+/// bytes per page; int8 rows (`--kv-cache-dtype int8`) within int8's, in
+/// about half of bf16's bytes.
 #[test]
-fn bf16_kv_rows_match_f32_rows_within_rounding_at_half_the_bytes() {
+fn bf16_and_int8_kv_rows_match_f32_rows_within_rounding_in_fewer_bytes() {
     use caracal_kernels::paged::KvDtype;
     for name in ["tiny-llama", "tiny-deepseek-v3", "tiny-kimi-linear"] {
         let m = model(name);
@@ -522,6 +523,13 @@ fn bf16_kv_rows_match_f32_rows_within_rounding_at_half_the_bytes() {
         let f32_pages = caracal_actors::runtime::pages_for(m.as_ref(), budget, 4, KvDtype::F32);
         let bf16_pages = caracal_actors::runtime::pages_for(m.as_ref(), budget, 4, KvDtype::Bf16);
         assert_eq!(bf16_pages, 2 * f32_pages, "{name}");
+        let info = m.info();
+        let int8_pages = caracal_actors::runtime::pages_for(m.as_ref(), budget, 4, KvDtype::Int8);
+        let int8_row = info.kv_width + 4 * info.kv_width / info.kv_segment;
+        assert_eq!(int8_pages, budget / (4 * info.kv_layers * int8_row), "{name}");
+        // (The tiny models' heads are narrow, so their scales weigh more
+        // than SmolLM2's 4 bytes per 64 values.)
+        assert!(int8_pages > bf16_pages, "{name}: {int8_pages} vs {bf16_pages}");
         let first = |dtype: KvDtype| {
             let mut cfg = small_pages();
             cfg.scheduler.kv_cache_dtype = dtype;
@@ -542,14 +550,19 @@ fn bf16_kv_rows_match_f32_rows_within_rounding_at_half_the_bytes() {
                 }
             })
         };
-        let (a, b) = (first(KvDtype::F32), first(KvDtype::Bf16));
-        // Tolerance: bf16 keeps 8 mantissa bits of each K/V value; over these
-        // short prompts the log-probabilities move by well under 0.05.
-        for ((_, la), (_, lb)) in a.top.iter().zip(&b.top).take(3) {
-            assert!((la - lb).abs() < 5e-2, "{name}: {la} vs {lb}");
-        }
-        if a.top[0].1 - a.top[1].1 > 0.1 {
-            assert_eq!(a.top[0].0, b.top[0].0, "{name}: a clear top-1 stays");
+        let a = first(KvDtype::F32);
+        // Tolerance: bf16 keeps 8 mantissa bits of each K/V value, int8 a
+        // step of max|x|/127 per head; over these short prompts the
+        // log-probabilities move by well under 0.05 (measured: at most
+        // 0.017 for int8, 0.014 for bf16).
+        for dtype in [KvDtype::Bf16, KvDtype::Int8] {
+            let b = first(dtype);
+            for ((_, la), (_, lb)) in a.top.iter().zip(&b.top).take(3) {
+                assert!((la - lb).abs() < 5e-2, "{name} {dtype:?}: {la} vs {lb}");
+            }
+            if a.top[0].1 - a.top[1].1 > 0.1 {
+                assert_eq!(a.top[0].0, b.top[0].0, "{name} {dtype:?}: a clear top-1 stays");
+            }
         }
     }
 }

@@ -42,6 +42,10 @@ pub struct ModelInfo {
     pub kv_layers: usize,
     /// f32 values per token per KV layer.
     pub kv_width: usize,
+    /// Values per int8 KV scale: a GQA head, or for MLA a common divisor of
+    /// the latent and rope widths (divides `kv_width`; see
+    /// [`caracal_kernels::paged`]).
+    pub kv_segment: usize,
     /// Layers with recurrent state (KDA).
     pub linear_layers: usize,
     /// Stop ids from generation_config.json / config.json.

@@ -73,8 +73,8 @@ impl Default for EngineConfig {
 /// Pages that fit in `bytes` for `model` with rows of `dtype` (at least one).
 pub fn pages_for(model: &dyn CausalLm, bytes: usize, page_size: usize, dtype: KvDtype) -> usize {
     let info = model.info();
-    let b = dtype.bytes();
-    let per_page = (page_size * info.kv_width * info.kv_layers * b).max(page_size * b);
+    let row = dtype.row_bytes(info.kv_width, info.kv_segment);
+    let per_page = (page_size * row * info.kv_layers).max(page_size);
     (bytes / per_page).max(1)
 }
 

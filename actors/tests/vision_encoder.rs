@@ -116,6 +116,7 @@ fn model(gated: bool, with_tower: bool) -> (Arc<VisionOnly>, Option<Gate>) {
         max_position: 64,
         kv_layers: 0,
         kv_width: 0,
+        kv_segment: 1,
         linear_layers: 0,
         eos_ids: vec![],
         num_params: 0,

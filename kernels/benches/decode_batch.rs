@@ -10,6 +10,11 @@
 //! Shapes: SmolLM2-135M GQA (9 query heads, 3 kv heads, head_dim 64) and a
 //! K3-like MLA layer (16 heads over latent rows of 512 + 64).
 //!
+//! `decode8_gqa_smollm2_step` runs the batched call over all 30 layers of a
+//! SmolLM2 cache, as a decode step does (so the rows come from memory, not
+//! from a cache a single layer fits in), with bf16 rows and with int8 rows
+//! (a scale per token and head, `--kv-cache-dtype int8`).
+//!
 //! Throughput is the attention FLOP count (`2·(key width + value width)` per
 //! query head per visible key), so "elem/s" reads as FLOP/s.
 //!
@@ -47,18 +52,34 @@ const PAGE: usize = 16;
 /// Sequences per step.
 const SEQS: usize = 8;
 
+/// SmolLM2-135M's layers.
+const LAYERS: usize = 30;
+
 /// A bf16 pool holding `SEQS` sequences of `ctx` rows of `width` values,
 /// their pages interleaved (page `p` of sequence `s` is `p·SEQS + s`).
 fn pool(ctx: usize, width: usize) -> (KvPool, Vec<Vec<u32>>) {
+    pool_of(ctx, width, 1, width, KvDtype::Bf16)
+}
+
+/// [`pool`] with `layers` layers of `dtype` rows in segments of `segment`.
+fn pool_of(
+    ctx: usize,
+    width: usize,
+    layers: usize,
+    segment: usize,
+    dtype: KvDtype,
+) -> (KvPool, Vec<Vec<u32>>) {
     let pages = ctx.div_ceil(PAGE);
-    let mut pool = KvPool::with_dtype(1, pages * SEQS, PAGE, width, KvDtype::Bf16);
+    let mut pool = KvPool::with_layout(layers, pages * SEQS, PAGE, width, segment, dtype);
     let tables: Vec<Vec<u32>> = (0..SEQS)
         .map(|s| (0..pages).map(|p| (p * SEQS + s) as u32).collect())
         .collect();
     for (s, table) in tables.iter().enumerate() {
         let rows = values(s as u64 + 1, ctx * width);
-        for p in 0..ctx {
-            pool.write_row(0, table, p, &[&rows[p * width..(p + 1) * width]]);
+        for layer in 0..layers {
+            for p in 0..ctx {
+                pool.write_row(layer, table, p, &[&rows[p * width..(p + 1) * width]]);
+            }
         }
     }
     (pool, tables)
@@ -110,6 +131,39 @@ fn gqa(c: &mut Criterion) {
                 decode_attention_batch(black_box(&q), &pool, 0, &batch, &GQA, scale, &mut out)
             })
         });
+    }
+    group.finish();
+}
+
+fn gqa_step(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decode8_gqa_smollm2_step");
+    for ctx in [128usize, 1024] {
+        for dtype in [KvDtype::Bf16, KvDtype::Int8] {
+            let (pool, tables) = pool_of(ctx, GQA.row_width(), LAYERS, GQA.head_dim, dtype);
+            let batch = seqs(&tables, ctx);
+            let (qw, ow) = (GQA.q_heads * GQA.head_dim, GQA.q_heads * GQA.v_dim);
+            let q = values(100, SEQS * qw);
+            let scale = 1.0 / (GQA.head_dim as f32).sqrt();
+            let mut out = vec![0.0f32; SEQS * ow];
+            let flops = LAYERS * SEQS * ctx * GQA.q_heads * 2 * (GQA.head_dim + GQA.v_dim);
+            group.throughput(Throughput::Elements(flops as u64));
+            let id = format!("ctx{ctx}");
+            group.bench_with_input(BenchmarkId::new(dtype.name(), &id), &(), |b, _| {
+                b.iter(|| {
+                    for layer in 0..LAYERS {
+                        decode_attention_batch(
+                            black_box(&q),
+                            &pool,
+                            layer,
+                            &batch,
+                            &GQA,
+                            scale,
+                            &mut out,
+                        )
+                    }
+                })
+            });
+        }
     }
     group.finish();
 }
@@ -167,6 +221,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2));
-    targets = gqa, mla
+    targets = gqa, gqa_step, mla
 }
 criterion_main!(benches);

@@ -37,8 +37,10 @@ pub struct EngineArgs {
     /// Seconds a session's cached path stays pinned without use.
     #[arg(long, default_value_t = 600)]
     pub session_ttl: u64,
-    /// How KV rows are stored: `bf16` (half the bytes, f32 accumulate) or `f32`.
-    #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32"])]
+    /// How KV rows are stored: `bf16` (half the bytes of f32), `int8` (half
+    /// of bf16, plus one f32 scale per token and head) or `f32`; attention
+    /// always accumulates in f32.
+    #[arg(long, default_value = "bf16", value_parser = ["bf16", "int8", "f32"])]
     pub kv_cache_dtype: String,
 }
 
@@ -63,11 +65,8 @@ impl EngineArgs {
                 max_waiting_requests: self.max_waiting_requests,
                 page_size: self.page_size.max(1),
                 state_checkpoint_interval: self.state_checkpoint_interval.max(1),
-                kv_cache_dtype: if self.kv_cache_dtype == "f32" {
-                    caracal_kernels::paged::KvDtype::F32
-                } else {
-                    caracal_kernels::paged::KvDtype::Bf16
-                },
+                // clap only lets the names `KvDtype` parses through.
+                kv_cache_dtype: self.kv_cache_dtype.parse().unwrap_or_default(),
             },
             kv_cache_memory: self.kv_cache_memory,
             ep: self.ep.max(1),

@@ -40,6 +40,10 @@ struct PplArgs {
     /// Also print the report as one JSON line.
     #[arg(long)]
     json: bool,
+    /// How KV rows are stored while scoring: `f32` (exact), `bf16` or
+    /// `int8`, as `serve --kv-cache-dtype`.
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "int8"])]
+    kv_cache_dtype: String,
 }
 
 /// Runs `caracal eval`.
@@ -72,6 +76,7 @@ fn ppl(a: PplArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> {
         bos,
         max_chunks: a.chunks,
         progress: true,
+        kv_cache_dtype: a.kv_cache_dtype.parse().map_err(|e: String| anyhow!(e))?,
     };
     let r = perplexity(loaded.model.as_ref(), &tokens, &opts)?;
     let running: Vec<String> = r

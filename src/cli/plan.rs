@@ -27,7 +27,7 @@ pub struct PlanCliArgs {
     /// Weight format: mxfp4, bf16, fp8, q4_k_m (default: the checkpoint's own).
     #[arg(long)]
     weights: Option<String>,
-    /// KV cache dtype: bf16 or fp8.
+    /// KV cache dtype: bf16, fp8, int8 or f32.
     #[arg(long)]
     kv_cache_dtype: Option<String>,
     /// Fraction of device memory to use (like vLLM's --gpu-memory-utilization).

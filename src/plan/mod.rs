@@ -63,22 +63,32 @@ pub enum CacheDtype {
     Bf16,
     /// 1 byte per value (TS requires it for K3 on NVIDIA).
     Fp8,
+    /// 1 byte per value plus an f32 scale per segment (the CPU runtime's
+    /// `--kv-cache-dtype int8`, [`caracal_kernels::paged`]).
+    Int8,
+    /// 4 bytes per value (the CPU runtime's exact rows).
+    F32,
 }
 
 impl CacheDtype {
-    /// `bf16` or `fp8`.
+    /// `bf16`, `fp8`, `int8` or `f32`.
     pub fn name(self) -> &'static str {
         match self {
             CacheDtype::Bf16 => "bf16",
             CacheDtype::Fp8 => "fp8",
+            CacheDtype::Int8 => "int8",
+            CacheDtype::F32 => "f32",
         }
     }
 
-    /// Bytes per cached value.
-    pub fn bytes(self) -> u64 {
+    /// Bytes of one cached row of `values` values in segments of `segment`
+    /// (only int8 stores a scale per segment), as the KV pool counts them.
+    pub fn row_bytes(self, values: u64, segment: u64) -> u64 {
         match self {
-            CacheDtype::Bf16 => 2,
-            CacheDtype::Fp8 => 1,
+            CacheDtype::Bf16 => 2 * values,
+            CacheDtype::Fp8 => values,
+            CacheDtype::Int8 => values + 4 * values.div_ceil(segment.max(1)),
+            CacheDtype::F32 => 4 * values,
         }
     }
 }
@@ -89,8 +99,10 @@ impl FromStr for CacheDtype {
         match s.to_ascii_lowercase().as_str() {
             "bf16" | "fp16" | "auto" => Ok(CacheDtype::Bf16),
             "fp8" | "fp8_e4m3" => Ok(CacheDtype::Fp8),
+            "int8" => Ok(CacheDtype::Int8),
+            "f32" => Ok(CacheDtype::F32),
             _ => Err(Error::Config(format!(
-                "--kv-cache-dtype must be bf16 or fp8, got `{s}`"
+                "--kv-cache-dtype must be bf16, fp8, int8 or f32, got `{s}`"
             ))),
         }
     }
@@ -334,6 +346,10 @@ fn cache_report(model: &PlanModel, opts: &PlanOptions) -> CacheReport {
     );
     let mla_values = t.mla.as_ref().map_or(0, |m| m.kv_lora_rank + m.qk_rope);
     let gqa_values = t.gqa.as_ref().map_or(0, |g| 2 * g.kv_heads * g.head_dim);
+    // Values per int8 scale, as the runtime cuts its rows
+    // (`Arch::kv_segment`): the latent and rope parts apart, a GQA head.
+    let mla_segment = t.mla.as_ref().map_or(1, |m| gcd(m.kv_lora_rank, m.qk_rope));
+    let gqa_segment = t.gqa.as_ref().map_or(1, |g| g.head_dim);
     let (kda_state, kda_conv) = t.kda.as_ref().map_or((0, 0), |k| {
         let p = k.heads * k.head_dim;
         (
@@ -342,8 +358,8 @@ fn cache_report(model: &PlanModel, opts: &PlanOptions) -> CacheReport {
         )
     });
     let replicas = opts.mla_cache_replicas.max(1);
-    let per_token =
-        (mla_layers * mla_values * replicas + gqa_layers * gqa_values) * opts.kv_cache.bytes();
+    let per_token = mla_layers * replicas * opts.kv_cache.row_bytes(mla_values, mla_segment)
+        + gqa_layers * opts.kv_cache.row_bytes(gqa_values, gqa_segment);
     let blocks = t
         .attn_res_block
         .map_or(0, |b| t.layers.div_ceil(b.max(1)) as u64);
@@ -635,7 +651,7 @@ pub struct PlanArgs {
     pub context: Option<u64>,
     /// `--weights mxfp4|bf16|fp8|q4_k_m` (default: the checkpoint's own).
     pub weights: Option<String>,
-    /// `--kv-cache-dtype bf16|fp8` (default bf16).
+    /// `--kv-cache-dtype bf16|fp8|int8|f32` (default bf16).
     pub kv_cache: Option<String>,
     /// `--utilisation` fraction (default 0.90).
     pub utilisation: Option<f64>,
@@ -695,3 +711,12 @@ pub fn run_plan(args: &PlanArgs) -> Result<String> {
 
 #[cfg(test)]
 mod tests;
+
+/// Greatest common divisor (1 for two zeros).
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a.max(1)
+    } else {
+        gcd(b, a % b)
+    }
+}

@@ -5,7 +5,7 @@
 
 use std::fmt::Write;
 
-use super::PlanReport;
+use super::{CacheDtype, PlanReport};
 
 const GB: f64 = 1e9;
 const GIB: f64 = (1u64 << 30) as f64;
@@ -265,6 +265,15 @@ pub fn render_table(r: &PlanReport) -> String {
             c.gqa_layers,
             grouped(c.gqa_bytes_per_token_bf16),
             gb_gib(c.gqa_bytes_per_token_bf16 * c.context)
+        );
+    }
+    if c.kv_dtype != CacheDtype::Bf16 {
+        let _ = writeln!(
+            w,
+            "  KV {:<9} {} B/token over every KV layer -> {} per session",
+            c.kv_dtype.name(),
+            grouped(c.bytes_per_token),
+            gb_gib(c.bytes_per_token * c.context)
         );
     }
     if c.kda_layers > 0 {

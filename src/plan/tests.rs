@@ -437,6 +437,18 @@ fn plan_kv_bytes_per_token_equal_the_bf16_pools() {
         let arch = crate::checkpoint::arch::Arch::from_config(config).unwrap();
         let pool = KvPool::with_dtype(arch.kv_layers(), 1, 1, arch.kv_width(), KvDtype::Bf16);
         let model = PlanModel::from_config(config, name, "test").unwrap();
+        // `--kv-cache-dtype int8` and `f32`: the pool the runtime builds
+        // (segments from the architecture) and the plan agree too.
+        for (dtype, cache) in [(KvDtype::Int8, CacheDtype::Int8), (KvDtype::F32, CacheDtype::F32)] {
+            let (w, seg) = (arch.kv_width(), arch.kv_segment());
+            let p = KvPool::with_layout(arch.kv_layers(), 1, 1, w, seg, dtype);
+            let opts = PlanOptions {
+                kv_cache: cache,
+                ..PlanOptions::default()
+            };
+            let r = plan(&model, &opts).unwrap();
+            assert_eq!(r.cache.bytes_per_token, p.bytes_per_token() as u64, "{name} {cache:?}");
+        }
         let r = plan(&model, &PlanOptions::default()).unwrap();
         assert_eq!(r.cache.kv_dtype, CacheDtype::Bf16);
         assert_eq!(
@@ -446,6 +458,9 @@ fn plan_kv_bytes_per_token_equal_the_bf16_pools() {
         );
         if let Some(w) = want {
             assert_eq!(pool.bytes_per_token(), w, "{name}");
+            // int8: 64 one-byte values and one f32 scale per head's K or V.
+            let int8 = KvPool::with_layout(30, 1, 1, 384, 64, KvDtype::Int8);
+            assert_eq!(int8.bytes_per_token(), 30 * (384 + 6 * 4), "{name} int8");
         }
         // The f32 pool (`--kv-cache-dtype f32`) holds twice the bytes.
         let f32_pool = KvPool::new(arch.kv_layers(), 1, 1, arch.kv_width());

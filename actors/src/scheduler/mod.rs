@@ -323,11 +323,12 @@ impl SchedulerState {
     ) -> Self {
         cfg.page_size = memory.page_size();
         let info = model.info().clone();
-        let pool = KvPool::with_dtype(
+        let pool = KvPool::with_layout(
             info.kv_layers,
             memory.num_pages(),
             cfg.page_size,
             info.kv_width,
+            info.kv_segment,
             cfg.kv_cache_dtype,
         )
         .externally_allocated();

@@ -92,6 +92,7 @@ impl CountingLm {
                 max_position: 512,
                 kv_layers: 1,
                 kv_width: 1,
+                kv_segment: 1,
                 linear_layers: usize::from(hybrid),
                 eos_ids: Vec::new(),
                 num_params: 0,

@@ -1,7 +1,7 @@
 //! Batched decode attention: one call per layer for every decoding sequence
-//! of a step, each with its own position and block table, over f32 or bf16
-//! KV rows read in place from their pages (bf16 is widened in registers, all
-//! sums are f32).
+//! of a step, each with its own position and block table, over f32, bf16 or
+//! int8 KV rows read in place from their pages (bf16 and int8 are widened in
+//! registers, all sums are f32).
 //!
 //! # Why not the prefill kernel
 //!
@@ -26,6 +26,16 @@
 //! MLA latent rows are the case of one kv head whose key is the whole row
 //! `[c | k_pe]` and whose value is its first `v_dim` values.
 //!
+//! # int8 rows
+//!
+//! With one scale per (token, head) — GQA rows whose segments are the heads
+//! — the scales come out of the sums: `S_j = sk_j · (q · k̂_j)` is one
+//! vector multiply per `LANES` scores, and `Σ_j P_j·sv_j·v̂_j` folds `sv_j`
+//! into the probabilities once per tile (after the running sum `l` took
+//! them unscaled). The inner loops read the int8 values only. Other int8
+//! layouts (MLA latent rows, segments finer than a head) run the rows-in-
+//! lanes path, which widens each row once.
+//!
 //! # Work items
 //!
 //! A piece is (sequence, kv head, key range). A sequence's keys are split
@@ -41,7 +51,7 @@ use rayon::prelude::*;
 
 use crate::attention::AttnShape;
 use crate::cpu::{prefetch_span, Isa};
-use crate::paged::{KvPool, LayerRows};
+use crate::paged::{KvDtype, KvPool, LayerRows};
 use crate::simd::{exp, Portable};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{Avx2, Avx512};
@@ -331,6 +341,13 @@ pub(super) fn decode_with(
     } else {
         Kernel::KeysInLanes
     });
+    // Keys in lanes reads int8 rows in place only with a scale per head.
+    let per_head = !latent && pool.segment() == hd && hd == vd;
+    let kernel = if pool.dtype() == KvDtype::Int8 && !per_head {
+        Kernel::RowsInLanes
+    } else {
+        kernel
+    };
     if kernel == Kernel::RowsInLanes {
         return rows_in_lanes(isa, &job, &pieces, &tasks, slots, threads, out);
     }
@@ -496,6 +513,11 @@ struct Scratch {
     koff: Vec<usize>,
     /// Offsets of the tile's V rows (at this kv head) in the layer buffer.
     voff: Vec<usize>,
+    /// int8 rows: the K scales of the tile's keys, then zeros to a whole
+    /// vector.
+    ks: Vec<f32>,
+    /// int8 rows: the V scales of the tile's keys, zero padded likewise.
+    vs: Vec<f32>,
 }
 
 thread_local! {
@@ -514,8 +536,9 @@ fn run_piece(isa: Isa, job: &Job<'_>, p: &Piece, sc: &mut Scratch, sink: Sink) {
     macro_rules! go {
         ($s:ty, $base:expr) => {
             match $base {
-                LayerRows::F32(b) => piece::<$s, f32>(job, p, sc, b, sink),
-                LayerRows::Bf16(b) => piece::<$s, u16>(job, p, sc, b, sink),
+                LayerRows::F32(b) => piece::<$s, f32>(job, p, sc, b, None, sink),
+                LayerRows::Bf16(b) => piece::<$s, u16>(job, p, sc, b, None, sink),
+                LayerRows::Int8 { q, scale } => piece::<$s, i8>(job, p, sc, q, Some(scale), sink),
             }
         };
     }
@@ -539,8 +562,9 @@ fn run_piece(isa: Isa, job: &Job<'_>, p: &Piece, sc: &mut Scratch, sink: Sink) {
 #[target_feature(enable = "avx512f")]
 unsafe fn piece_avx512(job: &Job<'_>, p: &Piece, sc: &mut Scratch, sink: Sink) {
     match job.rows {
-        LayerRows::F32(b) => piece::<Avx512, f32>(job, p, sc, b, sink),
-        LayerRows::Bf16(b) => piece::<Avx512, u16>(job, p, sc, b, sink),
+        LayerRows::F32(b) => piece::<Avx512, f32>(job, p, sc, b, None, sink),
+        LayerRows::Bf16(b) => piece::<Avx512, u16>(job, p, sc, b, None, sink),
+        LayerRows::Int8 { q, scale } => piece::<Avx512, i8>(job, p, sc, q, Some(scale), sink),
     }
 }
 
@@ -552,8 +576,9 @@ unsafe fn piece_avx512(job: &Job<'_>, p: &Piece, sc: &mut Scratch, sink: Sink) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn piece_avx2(job: &Job<'_>, p: &Piece, sc: &mut Scratch, sink: Sink) {
     match job.rows {
-        LayerRows::F32(b) => piece::<Avx2, f32>(job, p, sc, b, sink),
-        LayerRows::Bf16(b) => piece::<Avx2, u16>(job, p, sc, b, sink),
+        LayerRows::F32(b) => piece::<Avx2, f32>(job, p, sc, b, None, sink),
+        LayerRows::Bf16(b) => piece::<Avx2, u16>(job, p, sc, b, None, sink),
+        LayerRows::Int8 { q, scale } => piece::<Avx2, i8>(job, p, sc, q, Some(scale), sink),
     }
 }
 
@@ -561,13 +586,16 @@ unsafe fn piece_avx2(job: &Job<'_>, p: &Piece, sc: &mut Scratch, sink: Sink) {
 ///
 /// # Safety
 /// `S`'s instruction set is supported by the CPU; `job` passed the checks of
-/// [`decode_with`] and `p` is one of its pieces; `base` is the layer buffer.
+/// [`decode_with`] and `p` is one of its pieces; `base` is the layer buffer
+/// and `scales` its int8 scales, whose segments are the heads (checked by
+/// [`decode_with`]).
 #[inline(always)]
 unsafe fn piece<S: DecSimd, T: KvElem>(
     job: &Job<'_>,
     p: &Piece,
     sc: &mut Scratch,
     base: &[T],
+    scales: Option<&[f32]>,
     sink: Sink,
 ) {
     let lanes = S::LANES;
@@ -620,12 +648,24 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
         let ahead = K_AHEAD_BLOCKS * lanes;
         sc.koff.clear();
         sc.voff.clear();
-        for j in j0..(j1 + ahead).min(p.k1) {
-            let at = pool.row_offset(seq.block_table, j);
+        sc.ks.clear();
+        sc.vs.clear();
+        // int8: segment `kvh` is the head's K, `kv_heads + kvh` its V.
+        let (ks0, vs0) = (p.kvh * pool.page_size, (shape.kv_heads + p.kvh) * pool.page_size);
+        pool.for_each_row(seq.block_table, j0..(j1 + ahead).min(p.k1), |j, at, so| {
             sc.koff.push(at + k_at);
             if j < j1 {
                 sc.voff.push(at + v_at);
+                if let Some(scale) = scales {
+                    sc.ks.push(scale[so + ks0]);
+                    sc.vs.push(scale[so + vs0]);
+                }
             }
+        });
+        if scales.is_some() {
+            let padded = nk.next_multiple_of(lanes);
+            sc.ks.resize(padded, 0.0);
+            sc.vs.resize(padded, 0.0);
         }
         if j0 == p.k0 {
             for &off in &sc.koff[..ahead.min(nk)] {
@@ -661,9 +701,11 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
                 );
                 r0 += gb;
             }
+            let ks = scales.map(|_| S::load(sc.ks.as_ptr().add(b)));
             for r in 0..g {
                 let dst = s.add(r * DECODE_TILE + b);
-                S::store(dst, S::reduce(part.add(r * lanes * lanes)));
+                let dots = S::reduce(part.add(r * lanes * lanes));
+                S::store(dst, ks.map_or(dots, |k| S::mul(dots, k)));
                 for kk in nb..lanes {
                     *dst.add(kk) = f32::NEG_INFINITY;
                 }
@@ -701,6 +743,16 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
             *alpha.add(r) = a;
             *l.add(r) = *l.add(r) * a + hsum::<S>(sum);
             *m.add(r) = m_new;
+        }
+        // int8 rows: P·diag(sv), so that P·V̂ is P·V.
+        if scales.is_some() {
+            for r in 0..g {
+                let row = s.add(r * DECODE_TILE);
+                for v in 0..nv {
+                    let x = S::mul(S::load(row.add(v * lanes)), S::load(sc.vs.as_ptr().add(v * lanes)));
+                    S::store(row.add(v * lanes), x);
+                }
+            }
         }
         // O = α·O + P·V, value dims in lanes.
         pv_tile::<S, T>(s, nk, base, &sc.voff, vd, vdp, g, o, alpha);

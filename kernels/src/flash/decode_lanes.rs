@@ -1,7 +1,8 @@
 //! The vector pieces of the batched decode kernel ([`super`]): stored KV
-//! values (f32 or bf16) loaded as f32 vectors ([`KvElem`]), the bf16 widening
-//! and the keys-in-lanes score reduction per instruction set ([`DecSimd`]),
-//! and horizontal max / sum.
+//! values (f32, bf16 or int8) loaded as f32 vectors ([`KvElem`]; int8 values
+//! unscaled, the kernel applies the scales per key), the widenings and the
+//! keys-in-lanes score reduction per instruction set ([`DecSimd`]), and
+//! horizontal max / sum.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -63,11 +64,26 @@ impl KvElem for u16 {
     }
 }
 
-/// The two operations the decode kernel needs beyond [`Simd`].
+impl KvElem for i8 {
+    #[inline(always)]
+    unsafe fn load<S: DecSimd>(p: *const i8) -> S::V {
+        S::load_i8(p)
+    }
+    #[inline(always)]
+    unsafe fn load_part<S: DecSimd>(p: *const i8, n: usize) -> S::V {
+        let mut buf = [0i8; 16];
+        std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+        S::load_i8(buf.as_ptr())
+    }
+}
+
+/// The operations the decode kernel needs beyond [`Simd`].
 pub(in crate::flash) trait DecSimd: Simd {
     /// `LANES` bf16 values widened to f32 (exact: a bf16 is the high half
     /// of an f32).
     unsafe fn load_bf16(p: *const u16) -> Self::V;
+    /// `LANES` int8 values converted to f32 (exact).
+    unsafe fn load_i8(p: *const i8) -> Self::V;
     /// Reads `LANES` vectors of `LANES` values (vector `j` at
     /// `p + j·LANES`) and returns the vector whose lane `j` is the sum of
     /// vector `j`'s lanes.
@@ -104,6 +120,11 @@ impl DecSimd for Avx512 {
     }
     #[inline]
     #[target_feature(enable = "avx512f")]
+    unsafe fn load_i8(p: *const i8) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
     unsafe fn reduce(p: *const f32) -> __m512 {
         // Halve each vector to 8 lanes, then two 8-vector reductions.
         let half = |j: usize| {
@@ -128,6 +149,11 @@ impl DecSimd for Avx2 {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma")]
+    unsafe fn load_i8(p: *const i8) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn reduce(p: *const f32) -> __m256 {
         reduce8(std::array::from_fn(|j| _mm256_loadu_ps(p.add(8 * j))))
     }
@@ -137,6 +163,10 @@ impl DecSimd for Portable {
     #[inline(always)]
     unsafe fn load_bf16(p: *const u16) -> [f32; 8] {
         std::array::from_fn(|i| f32::from_bits((*p.add(i) as u32) << 16))
+    }
+    #[inline(always)]
+    unsafe fn load_i8(p: *const i8) -> [f32; 8] {
+        std::array::from_fn(|i| *p.add(i) as f32)
     }
     #[inline(always)]
     unsafe fn reduce(p: *const f32) -> [f32; 8] {

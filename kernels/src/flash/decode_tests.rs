@@ -1,15 +1,16 @@
 //! Tests of the batched decode attention against the per-sequence tiled
 //! kernel ([`super::super::paged_attention_tiled`], itself tested against
 //! f64 references) and the f64 [`dense_attention`], with every instruction
-//! set this CPU supports, on f32 and bf16 pools.
+//! set this CPU supports, on f32, bf16 and int8 pools (int8 with a scale per
+//! head, read in place, and with coarser segments, widened per row).
 //!
 //! Tolerance: `2e-5 · max|out|` of the reference, per element (f32
-//! accumulation over up to ~2,000 keys of O(1) values; both kernels read the
-//! same stored rows, so bf16 rounding does not enter the comparison).
+//! accumulation over up to ~2,000 keys of O(1) values; every kernel and the
+//! dense reference read the same stored rows, so bf16 or int8 rounding does
+//! not enter the comparison).
 
 use super::*;
 use crate::attention::dense_attention;
-use crate::dtype::round_to_bf16;
 use crate::flash::{latent_attention_tiled, paged_attention_tiled};
 use crate::paged::KvDtype;
 use crate::testing::values;
@@ -56,7 +57,7 @@ struct Batch {
 
 /// Builds a batch with contexts `ctx` (the query of sequence `i` sits at
 /// position `ctx[i] − 1`); `kw`/`vw` values per K/V row (`vw = 0` for latent
-/// rows), queries `qw` wide.
+/// rows), queries `qw` wide, int8 rows in segments of `segment` values.
 #[allow(clippy::too_many_arguments)]
 fn batch(
     ctx: &[usize],
@@ -65,6 +66,7 @@ fn batch(
     qw: usize,
     page: usize,
     dtype: KvDtype,
+    segment: usize,
     seed: u64,
 ) -> Batch {
     let pages: Vec<usize> = ctx.iter().map(|c| c.div_ceil(page)).collect();
@@ -75,7 +77,7 @@ fn batch(
         let j = ((r[i] + 1.0) * 0.5 * (i + 1) as f32) as usize;
         ids.swap(i, j.min(i));
     }
-    let mut pool = KvPool::with_dtype(2, total, page, kw + vw, dtype);
+    let mut pool = KvPool::with_layout(2, total, page, kw + vw, segment, dtype);
     let (mut tables, mut keys, mut vals) = (Vec::new(), Vec::new(), Vec::new());
     let mut at = 0;
     for (i, (&c, &np)) in ctx.iter().zip(&pages).enumerate() {
@@ -130,16 +132,32 @@ impl Batch {
 /// vectors, and lengths long enough to split on two or more threads.
 const CONTEXTS: &[usize] = &[1, 5, 17, 64, 65, 300, 700, 1100];
 
-/// Checks every sequence of a GQA batch against the tiled kernel run on
-/// that sequence alone, and against f64 dense attention.
+/// Greatest common divisor.
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// [`check_gqa_in`] with int8 segments as large as the heads allow (one
+/// per head when `head_dim = v_dim`).
 fn check_gqa(shape: AttnShape, page: usize, dtype: KvDtype, seed: u64) {
+    check_gqa_in(shape, page, dtype, gcd(shape.head_dim, shape.v_dim), seed);
+}
+
+/// Checks every sequence of a GQA batch against the tiled kernel run on
+/// that sequence alone, and against f64 dense attention over the stored
+/// rows.
+fn check_gqa_in(shape: AttnShape, page: usize, dtype: KvDtype, segment: usize, seed: u64) {
     let (kw, vw, qw, ow) = (
         shape.kv_heads * shape.head_dim,
         shape.kv_heads * shape.v_dim,
         shape.q_heads * shape.head_dim,
         shape.q_heads * shape.v_dim,
     );
-    let b = batch(CONTEXTS, kw, vw, qw, page, dtype, seed);
+    let b = batch(CONTEXTS, kw, vw, qw, page, dtype, segment, seed);
     let scale = 1.0 / (shape.head_dim as f32).sqrt();
     let seqs = b.seqs();
     for (isa, kernel) in runs() {
@@ -179,10 +197,15 @@ fn check_gqa(shape: AttnShape, page: usize, dtype: KvDtype, seed: u64) {
                 &mut tiled,
             );
             assert_close(got, &tiled, 2e-5, &format!("vs tiled {what}"));
-            let (mut k, mut v) = (b.keys[i].clone(), b.vals[i].clone());
-            if dtype == KvDtype::Bf16 {
-                round_to_bf16(&mut k);
-                round_to_bf16(&mut v);
+            let (mut k, mut v) = (Vec::new(), Vec::new());
+            let mut buf = vec![0.0; kw + vw];
+            for p in 0..b.ctx[i] {
+                let row = b.pool.read_row(1, s.block_table, p, &mut buf);
+                k.extend_from_slice(&row[..kw]);
+                v.extend_from_slice(&row[kw..]);
+            }
+            if dtype == KvDtype::F32 {
+                assert_eq!((&k, &v), (&b.keys[i], &b.vals[i]));
             }
             let mut want = vec![0.0; ow];
             dense_attention(q, &k, &v, 1, b.ctx[i], &shape, scale, &mut want);
@@ -203,9 +226,22 @@ fn shape(q_heads: usize, kv_heads: usize, head_dim: usize, v_dim: usize) -> Attn
 
 #[test]
 fn batched_decode_equals_per_sequence_tiled_for_smollm2_heads() {
-    for dtype in [KvDtype::Bf16, KvDtype::F32] {
+    for dtype in [KvDtype::Bf16, KvDtype::F32, KvDtype::Int8] {
         check_gqa(shape(9, 3, 64, 64), 16, dtype, 100);
     }
+}
+
+#[test]
+fn int8_rows_decode_in_place_per_head_and_widened_otherwise() {
+    // A scale per head (keys in lanes read the int8 rows), pages of 7 so
+    // that a vector of keys spans two pages' scales.
+    check_gqa(shape(4, 4, 32, 32), 7, KvDtype::Int8, 210);
+    check_gqa(shape(16, 2, 128, 128), 16, KvDtype::Int8, 310);
+    // Segments finer than a head, and one per row: the rows are widened.
+    check_gqa_in(shape(9, 3, 64, 64), 16, KvDtype::Int8, 32, 110);
+    check_gqa_in(shape(9, 3, 64, 64), 5, KvDtype::Int8, 384, 120);
+    // head_dim ≠ v_dim.
+    check_gqa(shape(6, 2, 20, 12), 5, KvDtype::Int8, 410);
 }
 
 #[test]
@@ -229,10 +265,12 @@ fn batched_latent_decode_equals_per_sequence_tiled() {
         .into_iter()
         .enumerate()
     {
-        for dtype in [KvDtype::Bf16, KvDtype::F32] {
+        for dtype in [KvDtype::Bf16, KvDtype::F32, KvDtype::Int8] {
             let seed = 600 + 50 * n as u64;
             let qw = heads * width;
-            let b = batch(CONTEXTS, width, 0, qw, 16, dtype, seed);
+            // int8: the latent and the rope part in separate segments.
+            let segment = gcd(vd, width - vd);
+            let b = batch(CONTEXTS, width, 0, qw, 16, dtype, segment, seed);
             let seqs = b.seqs();
             let scale = 1.0 / (width as f32).sqrt();
             let ow = heads * vd;
@@ -286,7 +324,7 @@ fn batched_latent_decode_equals_per_sequence_tiled() {
 fn a_sequence_decodes_bit_identically_alone_or_batched() {
     let s = shape(9, 3, 64, 64);
     let (kw, qw, ow) = (3 * 64, 9 * 64, 9 * 64);
-    let b = batch(CONTEXTS, kw, kw, qw, 16, KvDtype::Bf16, 700);
+    let b = batch(CONTEXTS, kw, kw, qw, 16, KvDtype::Bf16, 2 * kw, 700);
     let seqs = b.seqs();
     let mut all = vec![0.0; (seqs.len() + 1) * ow];
     decode_attention_batch(&b.q, &b.pool, 1, &seqs, &s, 0.125, &mut all);
@@ -304,7 +342,7 @@ fn key_splits_merge_to_the_unsplit_result() {
     // least), one thread does not split at all.
     let s = shape(9, 3, 64, 64);
     let (kw, qw, ow) = (3 * 64, 9 * 64, 9 * 64);
-    let b = batch(&[1100, 700], kw, kw, qw, 16, KvDtype::Bf16, 800);
+    let b = batch(&[1100, 700], kw, kw, qw, 16, KvDtype::Bf16, 2 * kw, 800);
     let seqs = b.seqs();
     assert_eq!(splits_for(1100, 3, 8), 4);
     assert_eq!(splits_for(1100, 3, 1), 1);
@@ -325,7 +363,7 @@ fn key_splits_merge_to_the_unsplit_result() {
 #[should_panic(expected = "named by two sequences")]
 fn a_row_named_twice_panics() {
     let s = shape(2, 1, 16, 16);
-    let b = batch(&[3, 4], 16, 16, 32, 4, KvDtype::F32, 900);
+    let b = batch(&[3, 4], 16, 16, 32, 4, KvDtype::F32, 32, 900);
     let mut seqs = b.seqs();
     seqs[1].row = seqs[0].row;
     let mut out = vec![0.0; 3 * 32];
@@ -336,7 +374,7 @@ fn a_row_named_twice_panics() {
 #[should_panic(expected = "block table covers")]
 fn a_short_block_table_panics() {
     let s = shape(2, 1, 16, 16);
-    let b = batch(&[3, 4], 16, 16, 32, 4, KvDtype::F32, 901);
+    let b = batch(&[3, 4], 16, 16, 32, 4, KvDtype::F32, 32, 901);
     let mut seqs = b.seqs();
     seqs[0].pos = 9;
     let mut out = vec![0.0; 3 * 32];

@@ -675,6 +675,25 @@ impl Arch {
         }
     }
 
+    /// Values per int8 KV scale: a GQA head (its K or its V), or for MLA
+    /// the greatest common divisor of the latent and rope widths, so that
+    /// the two never share a scale. Divides [`Arch::kv_width`] (1 when
+    /// there is no KV layer).
+    pub fn kv_segment(&self) -> usize {
+        fn gcd(a: usize, b: usize) -> usize {
+            if b == 0 {
+                a
+            } else {
+                gcd(b, a % b)
+            }
+        }
+        match (&self.mla, &self.gqa) {
+            (Some(m), _) => gcd(m.kv_lora_rank, m.qk_rope_head_dim).max(1),
+            (None, Some(g)) => g.head_dim.max(1),
+            (None, None) => 1,
+        }
+    }
+
     /// The router of the MoE layers, or an error when the config has none.
     pub fn router_config(&self) -> Result<RouterConfig> {
         self.moe

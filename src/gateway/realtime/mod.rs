@@ -203,8 +203,12 @@ impl RealtimeSession {
             tokio::select! {
                 outcome = finished => {
                     self.active = None;
-                    if let Some(o) = outcome {
+                    if let Some(mut o) = outcome {
+                        let done = o.done.take();
                         self.absorb(o);
+                        if let Some(d) = done {
+                            let _ = out.send(Outgoing::Event(d)).await;
+                        }
                     }
                     self.live.after_response();
                 }
@@ -238,7 +242,11 @@ impl RealtimeSession {
                 _ = shutdown.reached(Phase::Draining) => {
                     if let Some(a) = self.active.take() {
                         tokio::select! {
-                            _ = a.task => {}
+                            o = a.task => {
+                                if let Some(d) = o.ok().and_then(|o| o.done) {
+                                    let _ = out.send(Outgoing::Event(d)).await;
+                                }
+                            }
                             _ = shutdown.reached(Phase::Cancel) => {}
                         }
                     }
@@ -250,7 +258,10 @@ impl RealtimeSession {
         // the engine, so none of them can submit afterwards and pin it again.
         if let Some(a) = self.active.take() {
             a.task.abort();
-            let _ = a.task.await;
+            // A response that ended before the abort still announces it.
+            if let Some(d) = a.task.await.ok().and_then(|o| o.done) {
+                let _ = out.send(Outgoing::Event(d)).await;
+            }
         }
         self.live.shutdown().await;
         if let Some((code, reason)) = close {

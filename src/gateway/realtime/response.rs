@@ -2,7 +2,9 @@
 //! questions) parsed into a [`ResponsePlan`], its prompt built — the session's
 //! instructions, the live stream's window when it has chunks
 //! ([`super::live::Live::context`]), then the conversation items — and streamed
-//! by a task of its own through `response.done`.
+//! by a task of its own up to `response.done`, which the session sends after
+//! it has taken the task's [`Outcome`] (so a `response.create` sent on reading
+//! it never meets the finished response still marked active).
 //!
 //! A question over a live stream is submitted without the session's pin: the
 //! pin stays on the stream path (the chunks' prefills move it), so an answer
@@ -36,6 +38,10 @@ pub(super) struct Outcome {
     pub in_conversation: bool,
     /// The cached prompt and output, when it finished.
     pub prefix: Option<CachedPrefix>,
+    /// Its `response.done`, which the session sends once it has taken the
+    /// outcome and cleared the active response, so a client may create the
+    /// next response as soon as it reads this one's end.
+    pub done: Option<Value>,
 }
 
 /// The running response.
@@ -251,15 +257,24 @@ async fn run_response(
     };
     send_all(vec![resp.created()]).await;
     let mut summary: Option<GenSummary> = None;
+    let mut done = None;
     while let Some(ev) = rx.recv().await {
         match ev {
             GenEvent::Finished(s) => {
-                send_all(resp.finish(&s)).await;
+                let mut evs = resp.finish(&s);
+                done = evs.pop();
+                if !send_all(evs).await {
+                    done = None;
+                }
                 summary = Some(s);
                 break;
             }
             GenEvent::Failed(e) => {
-                send_all(resp.fail(e.code, &e.message)).await;
+                let mut evs = resp.fail(e.code, &e.message);
+                done = evs.pop();
+                if !send_all(evs).await {
+                    done = None;
+                }
                 break;
             }
             ev => {
@@ -282,6 +297,7 @@ async fn run_response(
         output: std::mem::take(&mut resp.output),
         in_conversation,
         prefix,
+        done,
     }
 }
 

@@ -369,6 +369,7 @@ pub fn model_info(arch: &Arch, ckpt: &Checkpoint, eos_ids: Vec<u32>) -> ModelInf
         max_position: arch.max_position,
         kv_layers: arch.kv_layers(),
         kv_width: arch.kv_width(),
+        kv_segment: arch.kv_segment(),
         linear_layers: arch.count(AttentionKind::Kda),
         eos_ids,
         num_params: ckpt.total_params(),
