@@ -360,3 +360,58 @@ async fn shutdown_with_a_stream_open_ends_the_stream_and_stops_accepting() {
         "no longer accepting"
     );
 }
+
+/// A body that stops arriving gets a 408 after `--body-read-timeout` and its
+/// connection closed, while other clients are served; a body that arrives
+/// slowly, but within the timeout between reads, is read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_gets_408_and_a_slow_one_is_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = GatewayConfig {
+        body_timeout: Some(Duration::from_millis(1500)),
+        ..GatewayConfig::default()
+    };
+    let server = start(&fixture("tiny-llama"), config, EngineConfig::default()).await;
+    let body = serde_json::to_string(&chat_body("Hello", 2)).unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    // Stalled: half the body, then nothing.
+    let mut stalled = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    stalled.write_all(&body.as_bytes()[..body.len() / 2]).await.unwrap();
+    // Slow: the body in 4 pieces 500 ms apart (each wait under the timeout).
+    let slow = {
+        let (addr, head, body) = (server.addr, head.clone(), body.clone());
+        tokio::spawn(async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(head.as_bytes()).await.unwrap();
+            for piece in body.as_bytes().chunks(body.len().div_ceil(4)) {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                s.write_all(piece).await.unwrap();
+            }
+            let mut buf = vec![0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(60), s.read(&mut buf))
+                .await
+                .expect("an answer")
+                .unwrap();
+            String::from_utf8_lossy(&buf[..n]).to_string()
+        })
+    };
+    // Another client meanwhile.
+    let (status, v) = json(server.addr, "POST", "/v1/chat/completions", &chat_body("Hi", 2)).await;
+    assert_eq!(status, 200, "{v}");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stalled.read_to_end(&mut answer))
+        .await
+        .expect("the stalled connection is answered and closed")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"code\":\"request_timeout\""), "{answer}");
+    let slow = slow.await.unwrap();
+    assert!(slow.starts_with("HTTP/1.1 200"), "{slow}");
+    server.shutdown().await.unwrap();
+}

@@ -57,6 +57,11 @@ pub struct ServeArgs {
     /// Upgraded WebSocket sessions are not affected.
     #[arg(long, default_value_t = 5)]
     timeout_keep_alive: u64,
+    /// Seconds a request body may send nothing before the request is
+    /// answered 408 and its connection closed (the time between two reads,
+    /// as nginx's `client_body_timeout`); 0 waits forever.
+    #[arg(long, default_value_t = 60)]
+    body_read_timeout: u64,
     /// Largest HTTP request body, e.g. 16MiB.
     #[arg(long, default_value = "16MiB", value_parser = parse_bytes)]
     max_body_bytes: usize,
@@ -188,6 +193,7 @@ pub fn run(a: ServeArgs, load: &caracal::checkpoint::LoadOptions) -> Result<()> 
         store_ttl: Duration::from_secs(a.response_store_ttl),
         shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
         head_timeout: (a.timeout_keep_alive > 0).then(|| Duration::from_secs(a.timeout_keep_alive)),
+        body_timeout: (a.body_read_timeout > 0).then(|| Duration::from_secs(a.body_read_timeout)),
         ..GatewayConfig::default()
     };
     if let Some(n) = gateway::raise_fd_limit() {

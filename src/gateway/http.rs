@@ -109,9 +109,12 @@ pub fn ok_json(body: &Value) -> Response {
     json_response(StatusCode::OK, body)
 }
 
-/// Reads a request body up to the configured limit and parses it as a JSON object.
+/// Reads a request body up to the configured limit and parses it as a JSON
+/// object. A body that sends nothing for `--body-read-timeout` gets a 408
+/// (`request_timeout`), one that breaks off a 400 (`invalid_body`).
 pub async fn read_json(state: &AppState, body: Body) -> ApiResult<Map<String, Value>> {
     use axum::body::HttpBody;
+    use futures::StreamExt;
     let limit = state.config.max_body_bytes;
     let too_large = || ApiError {
         status: 413,
@@ -126,9 +129,36 @@ pub async fn read_json(state: &AppState, body: Body) -> ApiResult<Map<String, Va
     if body.size_hint().lower() > limit as u64 {
         return Err(too_large());
     }
-    let bytes = axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| too_large())?;
+    let wait = state.config.body_timeout;
+    let mut chunks = body.into_data_stream();
+    let mut bytes = Vec::new();
+    loop {
+        let next = match wait {
+            Some(t) => tokio::time::timeout(t, chunks.next()).await.map_err(|_| ApiError {
+                status: 408,
+                kind: "invalid_request_error",
+                code: "request_timeout",
+                param: None,
+                message: format!(
+                    "the request body sent nothing for {} s (--body-read-timeout)",
+                    t.as_secs()
+                ),
+            })?,
+            None => chunks.next().await,
+        };
+        match next {
+            None => break,
+            Some(Ok(chunk)) if bytes.len() + chunk.len() > limit => return Err(too_large()),
+            Some(Ok(chunk)) => bytes.extend_from_slice(&chunk),
+            Some(Err(e)) => {
+                return Err(ApiError::invalid(
+                    "invalid_body",
+                    None,
+                    format!("the request body could not be read: {e}"),
+                ))
+            }
+        }
+    }
     parse_body(&bytes)
 }
 

@@ -96,6 +96,11 @@ pub struct GatewayConfig {
     /// (fresh, or idle between requests) is closed (`--timeout-keep-alive`,
     /// default 5 s; `None`: never). WebSocket sessions are not affected.
     pub head_timeout: Option<Duration>,
+    /// A request body with no data for this long is answered 408 and its
+    /// connection closed (`--body-read-timeout`, default 60 s, nginx's
+    /// `client_body_timeout`: the time between two reads, not the whole
+    /// body; `None`: never).
+    pub body_timeout: Option<Duration>,
 }
 
 impl Default for GatewayConfig {
@@ -115,6 +120,7 @@ impl Default for GatewayConfig {
             ws_idle_timeout: Duration::from_secs(3600),
             shutdown_timeout: Duration::from_secs(30),
             head_timeout: Some(Duration::from_secs(5)),
+            body_timeout: Some(Duration::from_secs(60)),
         }
     }
 }
