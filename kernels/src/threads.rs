@@ -103,6 +103,14 @@ pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     })
 }
 
+/// Idle polls of an [`on_pool`] helper between two `sched_yield`s: a few tens
+/// of microseconds of spinning, so a helper that shares its core with
+/// another runnable thread (more pool threads than cores, a busy machine)
+/// hands the core over instead of burning its whole time slice, while a
+/// helper on a core of its own pays one cheap syscall now and then.
+/// Default 256.
+const SPINS_PER_YIELD: u32 = 256;
+
 /// An [`on_pool`] helper: runs pending pool work until `done`. Returns at once
 /// on a thread that is already busy with the closure or another helper.
 fn spin_until(done: &AtomicBool) {
@@ -110,8 +118,16 @@ fn spin_until(done: &AtomicBool) {
         return;
     }
     BUSY.with(|b| b.set(true));
+    let mut idle = 0u32;
     while !done.load(Ordering::Acquire) {
-        if rayon::yield_now() != Some(rayon::Yield::Executed) {
+        if rayon::yield_now() == Some(rayon::Yield::Executed) {
+            idle = 0;
+            continue;
+        }
+        idle += 1;
+        if idle.is_multiple_of(SPINS_PER_YIELD) {
+            std::thread::yield_now();
+        } else {
             std::hint::spin_loop();
         }
     }
