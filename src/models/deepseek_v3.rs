@@ -117,7 +117,7 @@ impl DeepseekV3 {
                 ffn,
             });
         }
-        let lm_head = load_lm_head(ckpt, arch, &embed_tokens, &root, MissingHead::Error)?;
+        let lm_head = load_lm_head(ckpt, arch, &embed_tokens, root, MissingHead::Error)?;
         let info = model_info(arch, ckpt, eos_ids);
         Ok(DeepseekV3 {
             info,

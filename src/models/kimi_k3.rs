@@ -154,7 +154,7 @@ impl KimiK3 {
             )?),
             None => None,
         };
-        let lm_head = load_lm_head(ckpt, arch, &embed_tokens, &root, MissingHead::Error)?;
+        let lm_head = load_lm_head(ckpt, arch, &embed_tokens, root, MissingHead::Error)?;
         let info = model_info(arch, ckpt, eos_ids);
         let vision = match &arch.vision_config {
             Some(cfg) if ckpt.has_matrix("vision_tower.encoder.blocks.0.wqkv.weight") => {

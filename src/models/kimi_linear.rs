@@ -159,7 +159,7 @@ impl KimiLinear {
                 ffn,
             });
         }
-        let lm_head = load_lm_head(ckpt, arch, &embed_tokens, &root, MissingHead::Error)?;
+        let lm_head = load_lm_head(ckpt, arch, &embed_tokens, root, MissingHead::Error)?;
         let info = model_info(arch, ckpt, eos_ids);
         Ok(KimiLinear {
             info,

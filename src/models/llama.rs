@@ -110,7 +110,7 @@ impl Llama {
                 mlp: Ffn::load(ckpt, &p, arch, i)?,
             });
         }
-        let lm_head = load_lm_head(ckpt, arch, &embed_tokens, &root, MissingHead::Tie)?;
+        let lm_head = load_lm_head(ckpt, arch, &embed_tokens, root, MissingHead::Tie)?;
         let info = model_info(arch, ckpt, eos_ids);
         Ok(Llama {
             info,

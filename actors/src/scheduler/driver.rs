@@ -73,7 +73,9 @@ pub fn spawn(
         .spawn(move || run(state, commands, rt))
 }
 
-/// What woke a paused scheduler.
+/// What woke a paused scheduler (a value that lives for one wake-up, so
+/// its size does not matter).
+#[allow(clippy::large_enum_variant)]
 enum Wake {
     /// A command, or `None` when every sender is gone.
     Command(Option<SchedulerCommand>),

@@ -384,6 +384,8 @@ mod x86 {
                 }
                 base[m] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, c128, wv[m]));
             }
+            // `k` names the activation row as well as the accumulator.
+            #[allow(clippy::needless_range_loop)]
             for k in 0..NX {
                 let row = i + k;
                 // SAFETY: activation rows hold `steps` 64-byte steps and 16 lane scales each.

@@ -256,10 +256,9 @@ fn in_json_string(s: &str) -> bool {
 fn closing_tail(s: &str) -> usize {
     let trimmed = s.trim_end();
     let mut tail = s.len() - trimmed.len();
-    if trimmed.ends_with('}') {
+    if let Some(body) = trimmed.strip_suffix('}') {
         tail += 1;
-        let before = trimmed[..trimmed.len() - 1].trim_end();
-        tail += trimmed.len() - 1 - before.len();
+        tail += body.len() - body.trim_end().len();
     }
     tail
 }

@@ -61,10 +61,8 @@ async fn run(state: Arc<AppState>, body: Body) -> ApiResult<Response> {
         custom_final.response(&mut outcome.response);
         if let Some(mut stored) = outcome.stored.filter(|_| store) {
             custom_final.response(&mut stored.object);
-            st.store.put(
-                &stored.object["id"].as_str().unwrap_or_default().to_string(),
-                stored,
-            );
+            let id = stored.object["id"].as_str().unwrap_or_default().to_owned();
+            st.store.put(&id, stored);
         }
         st.inflight.finish(&id, outcome.response.clone());
         drop(guard);

@@ -426,10 +426,10 @@ pub fn parse_request(
     let (tool_choice, tool_choice_raw) = parse_tool_choice(&f, &chat_tools)?;
     let sampling = read_sampling(&f, &["max_output_tokens"], &state.config.sampling_defaults)?;
     let reasoning = f.object("reasoning")?;
-    let thinking = !reasoning
+    let thinking = reasoning
         .and_then(|r| r.get("effort"))
         .and_then(Value::as_str)
-        .is_some_and(|e| e == "none")
+        .is_none_or(|e| e != "none")
         && text_format.is_none();
     let mut echo = Map::new();
     for key in [

@@ -287,7 +287,7 @@ impl Mlp {
 
 /// Checks that a media span lies within its entry's `n` new tokens.
 fn check_embed_span(e: &EmbedSpan, n: usize) -> Result<()> {
-    if !e.offset.checked_add(e.len).is_some_and(|end| end <= n) {
+    if e.offset.checked_add(e.len).is_none_or(|end| end > n) {
         return Err(Error::InvalidRequest(format!(
             "media span (offset {}, {} rows) lies outside its {n} new tokens",
             e.offset, e.len
