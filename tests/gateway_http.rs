@@ -381,7 +381,10 @@ async fn a_stalled_body_gets_408_and_a_slow_one_is_read() {
     // Stalled: half the body, then nothing.
     let mut stalled = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     stalled.write_all(head.as_bytes()).await.unwrap();
-    stalled.write_all(&body.as_bytes()[..body.len() / 2]).await.unwrap();
+    stalled
+        .write_all(&body.as_bytes()[..body.len() / 2])
+        .await
+        .unwrap();
     // Slow: the body in 4 pieces 500 ms apart (each wait under the timeout).
     let slow = {
         let (addr, head, body) = (server.addr, head.clone(), body.clone());
@@ -401,7 +404,13 @@ async fn a_stalled_body_gets_408_and_a_slow_one_is_read() {
         })
     };
     // Another client meanwhile.
-    let (status, v) = json(server.addr, "POST", "/v1/chat/completions", &chat_body("Hi", 2)).await;
+    let (status, v) = json(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body("Hi", 2),
+    )
+    .await;
     assert_eq!(status, 200, "{v}");
     let mut answer = Vec::new();
     tokio::time::timeout(Duration::from_secs(30), stalled.read_to_end(&mut answer))

@@ -526,10 +526,17 @@ fn bf16_and_int8_kv_rows_match_f32_rows_within_rounding_in_fewer_bytes() {
         let info = m.info();
         let int8_pages = caracal_actors::runtime::pages_for(m.as_ref(), budget, 4, KvDtype::Int8);
         let int8_row = info.kv_width + 4 * info.kv_width / info.kv_segment;
-        assert_eq!(int8_pages, budget / (4 * info.kv_layers * int8_row), "{name}");
+        assert_eq!(
+            int8_pages,
+            budget / (4 * info.kv_layers * int8_row),
+            "{name}"
+        );
         // (The tiny models' heads are narrow, so their scales weigh more
         // than SmolLM2's 4 bytes per 64 values.)
-        assert!(int8_pages > bf16_pages, "{name}: {int8_pages} vs {bf16_pages}");
+        assert!(
+            int8_pages > bf16_pages,
+            "{name}: {int8_pages} vs {bf16_pages}"
+        );
         let first = |dtype: KvDtype| {
             let mut cfg = small_pages();
             cfg.scheduler.kv_cache_dtype = dtype;
@@ -561,7 +568,10 @@ fn bf16_and_int8_kv_rows_match_f32_rows_within_rounding_in_fewer_bytes() {
                 assert!((la - lb).abs() < 5e-2, "{name} {dtype:?}: {la} vs {lb}");
             }
             if a.top[0].1 - a.top[1].1 > 0.1 {
-                assert_eq!(a.top[0].0, b.top[0].0, "{name} {dtype:?}: a clear top-1 stays");
+                assert_eq!(
+                    a.top[0].0, b.top[0].0,
+                    "{name} {dtype:?}: a clear top-1 stays"
+                );
             }
         }
     }

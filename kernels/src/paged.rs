@@ -79,7 +79,10 @@ enum LayerBuf {
     F32(Aligned<f32>),
     Bf16(Aligned<u16>),
     /// Values `[page][slot][width]` and scales `[page][segment][slot]`.
-    Int8 { q: Aligned<i8>, scale: Aligned<f32> },
+    Int8 {
+        q: Aligned<i8>,
+        scale: Aligned<f32>,
+    },
 }
 
 /// A zeroed buffer whose first element starts a cache line, so a head's
@@ -371,7 +374,9 @@ impl KvPool {
             LayerBuf::Int8 { q, scale } => {
                 let so = self.scale_offset(block_table, pos);
                 let seg = self.segment;
-                let segs = out.chunks_exact_mut(seg).zip(q[o..o + self.width].chunks_exact(seg));
+                let segs = out
+                    .chunks_exact_mut(seg)
+                    .zip(q[o..o + self.width].chunks_exact(seg));
                 for (s, (dst, src)) in segs.enumerate() {
                     let sc = scale[so + s * self.page_size];
                     for (d, &v) in dst.iter_mut().zip(src) {
@@ -532,7 +537,10 @@ mod tests {
                 let step = want.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0;
                 for (g, w) in got[seg * 4..seg * 4 + 4].iter().zip(want) {
                     // Half a step, plus f32 rounding of the product.
-                    assert!((g - w).abs() <= 0.5 * step * (1.0 + 1e-5), "{p}/{seg}: {g} vs {w}");
+                    assert!(
+                        (g - w).abs() <= 0.5 * step * (1.0 + 1e-5),
+                        "{p}/{seg}: {g} vs {w}"
+                    );
                 }
                 // The largest value of a segment is exact up to rounding.
                 let big = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -555,9 +563,14 @@ mod tests {
         assert!(got[..4].iter().all(|v| v.is_finite()));
         bad[5] = f32::NAN;
         pool.write_row(1, &table, 0, &[&bad]);
-        assert!(pool.read_row(1, &table, 0, &mut buf)[4..].iter().all(|v| v.is_nan()));
+        assert!(pool.read_row(1, &table, 0, &mut buf)[4..]
+            .iter()
+            .all(|v| v.is_nan()));
         assert_eq!("int8".parse::<KvDtype>(), Ok(KvDtype::Int8));
-        assert!("fp4".parse::<KvDtype>().unwrap_err().contains("bf16, f32 or int8"));
+        assert!("fp4"
+            .parse::<KvDtype>()
+            .unwrap_err()
+            .contains("bf16, f32 or int8"));
     }
 
     #[test]

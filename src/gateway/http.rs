@@ -134,16 +134,18 @@ pub async fn read_json(state: &AppState, body: Body) -> ApiResult<Map<String, Va
     let mut bytes = Vec::new();
     loop {
         let next = match wait {
-            Some(t) => tokio::time::timeout(t, chunks.next()).await.map_err(|_| ApiError {
-                status: 408,
-                kind: "invalid_request_error",
-                code: "request_timeout",
-                param: None,
-                message: format!(
-                    "the request body sent nothing for {} s (--body-read-timeout)",
-                    t.as_secs()
-                ),
-            })?,
+            Some(t) => tokio::time::timeout(t, chunks.next())
+                .await
+                .map_err(|_| ApiError {
+                    status: 408,
+                    kind: "invalid_request_error",
+                    code: "request_timeout",
+                    param: None,
+                    message: format!(
+                        "the request body sent nothing for {} s (--body-read-timeout)",
+                        t.as_secs()
+                    ),
+                })?,
             None => chunks.next().await,
         };
         match next {

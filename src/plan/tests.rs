@@ -439,7 +439,10 @@ fn plan_kv_bytes_per_token_equal_the_bf16_pools() {
         let model = PlanModel::from_config(config, name, "test").unwrap();
         // `--kv-cache-dtype int8` and `f32`: the pool the runtime builds
         // (segments from the architecture) and the plan agree too.
-        for (dtype, cache) in [(KvDtype::Int8, CacheDtype::Int8), (KvDtype::F32, CacheDtype::F32)] {
+        for (dtype, cache) in [
+            (KvDtype::Int8, CacheDtype::Int8),
+            (KvDtype::F32, CacheDtype::F32),
+        ] {
             let (w, seg) = (arch.kv_width(), arch.kv_segment());
             let p = KvPool::with_layout(arch.kv_layers(), 1, 1, w, seg, dtype);
             let opts = PlanOptions {
@@ -447,7 +450,11 @@ fn plan_kv_bytes_per_token_equal_the_bf16_pools() {
                 ..PlanOptions::default()
             };
             let r = plan(&model, &opts).unwrap();
-            assert_eq!(r.cache.bytes_per_token, p.bytes_per_token() as u64, "{name} {cache:?}");
+            assert_eq!(
+                r.cache.bytes_per_token,
+                p.bytes_per_token() as u64,
+                "{name} {cache:?}"
+            );
         }
         let r = plan(&model, &PlanOptions::default()).unwrap();
         assert_eq!(r.cache.kv_dtype, CacheDtype::Bf16);

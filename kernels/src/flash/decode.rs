@@ -651,7 +651,10 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
         sc.ks.clear();
         sc.vs.clear();
         // int8: segment `kvh` is the head's K, `kv_heads + kvh` its V.
-        let (ks0, vs0) = (p.kvh * pool.page_size, (shape.kv_heads + p.kvh) * pool.page_size);
+        let (ks0, vs0) = (
+            p.kvh * pool.page_size,
+            (shape.kv_heads + p.kvh) * pool.page_size,
+        );
         pool.for_each_row(seq.block_table, j0..(j1 + ahead).min(p.k1), |j, at, so| {
             sc.koff.push(at + k_at);
             if j < j1 {
@@ -749,7 +752,10 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
             for r in 0..g {
                 let row = s.add(r * DECODE_TILE);
                 for v in 0..nv {
-                    let x = S::mul(S::load(row.add(v * lanes)), S::load(sc.vs.as_ptr().add(v * lanes)));
+                    let x = S::mul(
+                        S::load(row.add(v * lanes)),
+                        S::load(sc.vs.as_ptr().add(v * lanes)),
+                    );
                     S::store(row.add(v * lanes), x);
                 }
             }
