@@ -32,6 +32,10 @@ pub fn round_even(v: f32) -> f32 {
 #[repr(C, align(64))]
 pub(crate) struct Line(pub(crate) [u8; 64]);
 
+/// Minimum multiply-adds per rayon task of a panel GEMM (~1 µs of task
+/// overhead is then negligible).
+pub(crate) const MIN_TASK_MACS: usize = 1 << 20;
+
 /// How a panel's weight bytes relate to their values, which fixes what the
 /// activation rounding stores next to each block: `d · d_mul` and
 /// `−offset · Σq`. MXFP4 panels hold doubled E2M1 values plus 12

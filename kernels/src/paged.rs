@@ -74,6 +74,17 @@ impl std::str::FromStr for KvDtype {
     }
 }
 
+/// Values per int8 scale of rows made of two parts of `a` and `b` values
+/// (MLA's latent and rope parts): their greatest common divisor, so that
+/// no segment spans both parts (1 when both are 0).
+pub fn common_segment(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a.max(1)
+    } else {
+        common_segment(b, a % b)
+    }
+}
+
 /// One layer's rows in their stored dtype.
 enum LayerBuf {
     F32(Aligned<f32>),
@@ -420,10 +431,19 @@ impl KvPool {
                 }
             }
             LayerBuf::Int8 { q, scale } => {
-                let row: Vec<f32> = parts.iter().flat_map(|p| p.iter().copied()).collect();
-                let dst = q[o..o + row.len()].chunks_exact_mut(seg);
-                for (s, (d, src)) in dst.zip(row.chunks_exact(seg)).enumerate() {
-                    scale[so + s * page_size] = quantize_segment(src, d);
+                // Parts cut at segment boundaries (GQA's K and V, MLA's latent
+                // and rope) are read in place; others are joined first.
+                let mut dst = q[o..o + total].chunks_exact_mut(seg).enumerate();
+                let mut put = |x: &[f32]| {
+                    if let Some((s, d)) = dst.next() {
+                        scale[so + s * page_size] = quantize_segment(x, d);
+                    }
+                };
+                if parts.iter().all(|p| p.len().is_multiple_of(seg)) {
+                    parts.iter().flat_map(|p| p.chunks_exact(seg)).for_each(put);
+                } else {
+                    let joined: Vec<f32> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+                    joined.chunks_exact(seg).for_each(&mut put);
                 }
             }
         }

@@ -29,6 +29,7 @@ mod render;
 mod shape;
 mod weights;
 
+use caracal_kernels::paged::KvDtype;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -82,14 +83,16 @@ impl CacheDtype {
     }
 
     /// Bytes of one cached row of `values` values in segments of `segment`
-    /// (only int8 stores a scale per segment), as the KV pool counts them.
+    /// (only int8 stores a scale per segment): the KV pool's own count
+    /// ([`KvDtype::row_bytes`]) for the dtypes the CPU runtime stores.
     pub fn row_bytes(self, values: u64, segment: u64) -> u64 {
-        match self {
-            CacheDtype::Bf16 => 2 * values,
-            CacheDtype::Fp8 => values,
-            CacheDtype::Int8 => values + 4 * values.div_ceil(segment.max(1)),
-            CacheDtype::F32 => 4 * values,
-        }
+        let pool = match self {
+            CacheDtype::Fp8 => return values,
+            CacheDtype::Bf16 => KvDtype::Bf16,
+            CacheDtype::Int8 => KvDtype::Int8,
+            CacheDtype::F32 => KvDtype::F32,
+        };
+        pool.row_bytes(values as usize, segment as usize) as u64
     }
 }
 
@@ -348,7 +351,9 @@ fn cache_report(model: &PlanModel, opts: &PlanOptions) -> CacheReport {
     let gqa_values = t.gqa.as_ref().map_or(0, |g| 2 * g.kv_heads * g.head_dim);
     // Values per int8 scale, as the runtime cuts its rows
     // (`Arch::kv_segment`): the latent and rope parts apart, a GQA head.
-    let mla_segment = t.mla.as_ref().map_or(1, |m| gcd(m.kv_lora_rank, m.qk_rope));
+    let mla_segment = t.mla.as_ref().map_or(1, |m| {
+        caracal_kernels::paged::common_segment(m.kv_lora_rank as usize, m.qk_rope as usize) as u64
+    });
     let gqa_segment = t.gqa.as_ref().map_or(1, |g| g.head_dim);
     let (kda_state, kda_conv) = t.kda.as_ref().map_or((0, 0), |k| {
         let p = k.heads * k.head_dim;
@@ -711,12 +716,3 @@ pub fn run_plan(args: &PlanArgs) -> Result<String> {
 
 #[cfg(test)]
 mod tests;
-
-/// Greatest common divisor (1 for two zeros).
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 {
-        a.max(1)
-    } else {
-        gcd(b, a % b)
-    }
-}

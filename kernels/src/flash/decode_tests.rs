@@ -12,7 +12,7 @@
 use super::*;
 use crate::attention::dense_attention;
 use crate::flash::{latent_attention_tiled, paged_attention_tiled};
-use crate::paged::KvDtype;
+use crate::paged::{common_segment, KvDtype};
 use crate::testing::values;
 
 /// Every instruction set this CPU can run.
@@ -132,19 +132,16 @@ impl Batch {
 /// vectors, and lengths long enough to split on two or more threads.
 const CONTEXTS: &[usize] = &[1, 5, 17, 64, 65, 300, 700, 1100];
 
-/// Greatest common divisor.
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
 /// [`check_gqa_in`] with int8 segments as large as the heads allow (one
 /// per head when `head_dim = v_dim`).
 fn check_gqa(shape: AttnShape, page: usize, dtype: KvDtype, seed: u64) {
-    check_gqa_in(shape, page, dtype, gcd(shape.head_dim, shape.v_dim), seed);
+    check_gqa_in(
+        shape,
+        page,
+        dtype,
+        common_segment(shape.head_dim, shape.v_dim),
+        seed,
+    );
 }
 
 /// Checks every sequence of a GQA batch against the tiled kernel run on
@@ -269,7 +266,7 @@ fn batched_latent_decode_equals_per_sequence_tiled() {
             let seed = 600 + 50 * n as u64;
             let qw = heads * width;
             // int8: the latent and the rope part in separate segments.
-            let segment = gcd(vd, width - vd);
+            let segment = common_segment(vd, width - vd);
             let b = batch(CONTEXTS, width, 0, qw, 16, dtype, segment, seed);
             let seqs = b.seqs();
             let scale = 1.0 / (width as f32).sqrt();

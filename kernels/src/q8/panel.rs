@@ -31,7 +31,7 @@
 //! rounding of the per-block terms (see the tests).
 
 use crate::error::Result;
-use crate::int8_rows::{product_ready, with_rounded, Line, QuantRows, Scheme};
+use crate::int8_rows::{product_ready, with_rounded, Line, QuantRows, Scheme, MIN_TASK_MACS};
 use crate::split::{for_row_ranges, OutPtr};
 
 use super::{check_layout, BLOCK};
@@ -44,9 +44,6 @@ const LINES: usize = 9;
 
 /// Activation rows per AVX-512 tile (8 int32 and 8 f32 accumulators).
 const MR: usize = 8;
-
-/// Minimum multiply-adds per rayon task.
-const MIN_TASK_MACS: usize = 1 << 20;
 
 /// A Q8_0 `[rows, cols]` matrix in panel layout (see the [module docs](self)).
 #[derive(Clone)]

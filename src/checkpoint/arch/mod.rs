@@ -680,15 +680,10 @@ impl Arch {
     /// the two never share a scale. Divides [`Arch::kv_width`] (1 when
     /// there is no KV layer).
     pub fn kv_segment(&self) -> usize {
-        fn gcd(a: usize, b: usize) -> usize {
-            if b == 0 {
-                a
-            } else {
-                gcd(b, a % b)
-            }
-        }
         match (&self.mla, &self.gqa) {
-            (Some(m), _) => gcd(m.kv_lora_rank, m.qk_rope_head_dim).max(1),
+            (Some(m), _) => {
+                caracal_kernels::paged::common_segment(m.kv_lora_rank, m.qk_rope_head_dim)
+            }
             (None, Some(g)) => g.head_dim.max(1),
             (None, None) => 1,
         }

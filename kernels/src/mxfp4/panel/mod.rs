@@ -39,7 +39,7 @@
 
 use super::{check_layout, BLOCK_BYTES, BLOCK_ELEMS, E2M1_X2_U8, E8M0_TABLE, ZERO_BLOCK_SCALE};
 use crate::error::Result;
-use crate::int8_rows::{product_ready, with_rounded, Line, QuantRows, Scheme};
+use crate::int8_rows::{product_ready, with_rounded, Line, QuantRows, Scheme, MIN_TASK_MACS};
 
 #[cfg(test)]
 mod tests;
@@ -65,10 +65,6 @@ pub const MAX_TILE_ROWS: usize = 12;
 /// Activation rows per AVX2 tile (16 ymm registers: 4 int32 and 4 f32
 /// accumulators, two weight halves, constants).
 const MR_AVX2: usize = 2;
-
-/// Minimum multiply-adds per rayon task (~1 µs of task overhead is then
-/// negligible).
-const MIN_TASK_MACS: usize = 1 << 20;
 
 /// An MXFP4 `[rows, cols]` matrix in panel layout (see the [module docs](self)).
 #[derive(Clone)]
