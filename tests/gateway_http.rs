@@ -424,3 +424,35 @@ async fn a_stalled_body_gets_408_and_a_slow_one_is_read() {
     assert!(slow.starts_with("HTTP/1.1 200"), "{slow}");
     server.shutdown().await.unwrap();
 }
+
+/// A chunked body that breaks off with a malformed chunk gets 400
+/// `invalid_body`, and the server goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_chunked_body_gets_400_invalid_body() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = start_llama().await;
+    let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Transfer-Encoding: chunked\r\n\r\n5\r\n{\"mod\r\nzz-not-a-size\r\n",
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut answer))
+        .await
+        .expect("an answer and a close")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("\"code\":\"invalid_body\""), "{answer}");
+    let (status, v) = json(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body("Hi", 2),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    server.shutdown().await.unwrap();
+}
