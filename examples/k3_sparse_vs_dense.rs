@@ -11,7 +11,13 @@
 //!    for every token, so active = total for the experts; the only active
 //!    difference to (1) is the router's 896 vs 16 rows;
 //! 3. `kimi-linear-dense`: `kimi_linear` with the same attention stack and
-//!    dense bf16 SwiGLU MLPs sized so that its active parameters equal (1)'s.
+//!    dense bf16 SwiGLU MLPs sized so that its active parameters equal (1)'s;
+//! 4. `k3-sparse-pinned`: (1) with a router correction bias that makes every
+//!    token pick experts 0–15. It runs all of (1)'s code (the 896-row
+//!    router, top-16 of 896, dispatch and combine) but touches only 16
+//!    experts' weights, which then stay in cache as (2)'s do: pinned /
+//!    all-active is the cost of routing over 896 experts, sparse / pinned
+//!    the cost of fetching 16 different experts a layer for every token.
 //!
 //! Each model greedily decodes 64 tokens after an 8-token prompt
 //! (`caracal::generate::generate`). The three models are loaded together and
@@ -60,6 +66,8 @@ enum Kind {
     Bf16(f32),
     /// f32, constant value.
     F32(f32),
+    /// f32 vector: `value` for the first `n` entries, 0 after them.
+    F32Head(usize, f32),
     /// MXFP4 `weight_packed` + `weight_scale` (name is the `.weight` base).
     Mxfp4,
 }
@@ -78,9 +86,14 @@ fn spec(v: &mut Vec<Spec>, name: String, shape: &[usize], kind: Kind) {
     });
 }
 
-/// Tensor list of a model: `experts = Some((E, latent))` for K3, `None`
-/// with `dense_inter` for the dense kimi_linear.
-fn specs(experts: Option<usize>, dense_inter: usize) -> Vec<Spec> {
+/// Router correction bias of the pinned variant: far above any sigmoid
+/// score, so experts `0..TOP_K` always win the top-k.
+const PIN_BIAS: f32 = 10.0;
+
+/// Tensor list of a model: `experts = Some(E)` for K3, `None` with
+/// `dense_inter` for the dense kimi_linear; `pinned` biases the K3 router
+/// towards experts `0..TOP_K`.
+fn specs(experts: Option<usize>, dense_inter: usize, pinned: bool) -> Vec<Spec> {
     let k3 = experts.is_some();
     let root = if k3 { "language_model." } else { "" };
     let mut v = Vec::new();
@@ -205,11 +218,16 @@ fn specs(experts: Option<usize>, dense_inter: usize) -> Vec<Spec> {
             Some(e) if i > 0 => {
                 let m = format!("{l}.block_sparse_moe");
                 spec(&mut v, format!("{m}.gate.weight"), &[e, d], w);
+                let bias = if pinned {
+                    Kind::F32Head(TOP_K, PIN_BIAS)
+                } else {
+                    Kind::F32(0.0)
+                };
                 spec(
                     &mut v,
                     format!("{m}.gate.e_score_correction_bias"),
                     &[e],
-                    Kind::F32(0.0),
+                    bias,
                 );
                 spec(
                     &mut v,
@@ -368,6 +386,16 @@ fn write_checkpoint(dir: &Path, config: &Value, specs: &[Spec]) -> Result<()> {
                     (0..n).flat_map(|_| value.to_le_bytes()).collect(),
                 ));
             }
+            Kind::F32Head(head, value) => {
+                blobs.push((
+                    s.name.clone(),
+                    Dtype::F32,
+                    s.shape.clone(),
+                    (0..n)
+                        .flat_map(|i| if i < head { value } else { 0.0 }.to_le_bytes())
+                        .collect(),
+                ));
+            }
             Kind::Mxfp4 => {
                 let base = s
                     .name
@@ -400,6 +428,11 @@ fn write_checkpoint(dir: &Path, config: &Value, specs: &[Spec]) -> Result<()> {
     Ok(())
 }
 
+/// Bytes of one `rows × cols` MXFP4 matrix (codes and E8M0 scales).
+fn mxfp4_bytes(rows: usize, cols: usize) -> usize {
+    rows * cols / 2 + rows * cols / 32
+}
+
 /// Decode tokens/s of one greedy run.
 fn decode_speed(model: &dyn caracal::models::CausalLm) -> Result<f64> {
     let req = GenerateRequest {
@@ -414,17 +447,18 @@ fn decode_speed(model: &dyn caracal::models::CausalLm) -> Result<f64> {
 fn main() -> Result<()> {
     let root: PathBuf =
         std::env::temp_dir().join(format!("caracal-k3-bench-{}", std::process::id()));
-    let sparse = specs(Some(896), 0);
-    let all_active = specs(Some(TOP_K), 0);
+    let sparse = specs(Some(896), 0, false);
+    let pinned = specs(Some(896), 0, true);
+    let all_active = specs(Some(TOP_K), 0, false);
     let (sparse_total, target) = active_params(&sparse, Some(896));
     let (aa_total, aa_active) = active_params(&all_active, Some(TOP_K));
     // The dense model's parameters are linear in its MLP width: solve for it.
-    let (_, a32) = active_params(&specs(None, 32), None);
-    let (_, a64) = active_params(&specs(None, 64), None);
+    let (_, a32) = active_params(&specs(None, 32, false), None);
+    let (_, a64) = active_params(&specs(None, 64, false), None);
     let per32 = a64 - a32;
     let inter =
         ((32.0 + (target as f64 - a32 as f64) / per32 as f64 * 32.0) / 32.0).round() as usize * 32;
-    let dense = specs(None, inter);
+    let dense = specs(None, inter, false);
     let (dense_total, dense_active) = active_params(&dense, None);
 
     let rows = [
@@ -451,6 +485,14 @@ fn main() -> Result<()> {
             &dense,
             dense_total,
             dense_active,
+        ),
+        (
+            "k3-sparse-pinned (896, routed to 0-15)",
+            "pinned",
+            text_config(Some(896), 0),
+            &pinned,
+            sparse_total,
+            target,
         ),
     ];
     let threads = rayon::current_num_threads();
@@ -490,6 +532,18 @@ fn main() -> Result<()> {
         target as f64 / aa_active as f64,
         speeds[0] / speeds[2],
         target as f64 / dense_active as f64,
+    );
+    // What the 896-expert model adds to a token: routing (pinned vs
+    // all-active) and fetching distinct experts (sparse vs pinned).
+    let routed_bytes = (LAYERS - 1) * TOP_K * 3 * mxfp4_bytes(MOE_INTER, LATENT);
+    let fetch_s = 1.0 / speeds[0] - 1.0 / speeds[3];
+    println!(
+        "ratio pinned/all-active speed {:.3} (routing over 896 experts); sparse/pinned speed {:.3} (distinct experts: {:.2} MB of MXFP4 weights a token, {:+.1} µs a token, {:.1} GB/s)",
+        speeds[3] / speeds[1],
+        speeds[0] / speeds[3],
+        routed_bytes as f64 / 1e6,
+        fetch_s * 1e6,
+        routed_bytes as f64 / fetch_s.max(1e-12) / 1e9,
     );
     let _ = std::fs::remove_dir_all(&root);
     Ok(())
