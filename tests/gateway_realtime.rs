@@ -163,3 +163,48 @@ async fn realtime_text_session_runs_turns_rewinds_and_cancels() {
     server.wait_engine_idle().await;
     server.shutdown().await.unwrap();
 }
+
+/// Model names with a `/` (a Hugging Face repo id as `--served-model-name`)
+/// reach the Realtime route percent-encoded, as the OpenAI SDKs send them,
+/// or raw; another name is 404 `model_not_found` and a value that is not
+/// UTF-8 once decoded 400 `invalid_value`, both before the upgrade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realtime_model_names_are_percent_decoded() {
+    let dir = caracal::convert::synth::default_model_dir().expect("the default model is made");
+    let server = start_served(
+        &dir,
+        "moonshotai/Kimi-K3 tiny",
+        Default::default(),
+        Default::default(),
+        None,
+    )
+    .await;
+    for path in [
+        "/v1/realtime?model=moonshotai%2FKimi-K3+tiny",
+        "/v1/realtime?model=moonshotai/Kimi-K3%20tiny",
+    ] {
+        let mut c = WsClient::connect(server.addr, path).await;
+        let created = c.next().await.unwrap();
+        assert_eq!(created["type"], "session.created", "{path}");
+    }
+    for (query, status, code) in [
+        ("model=moonshotai%2Fother", 404, "model_not_found"),
+        ("model=%FF%FE", 400, "invalid_value"),
+    ] {
+        let url = format!("ws://{}/v1/realtime?{query}", server.addr);
+        match tokio_tungstenite::connect_async(url).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+                assert_eq!(resp.status(), status, "{query}");
+                let body: serde_json::Value =
+                    serde_json::from_slice(resp.body().as_deref().unwrap_or_default()).unwrap();
+                assert_eq!(body["error"]["code"], code, "{query}: {body}");
+                assert_eq!(body["error"]["param"], "model", "{query}: {body}");
+            }
+            other => panic!("{query}: expected an HTTP error, got {other:?}"),
+        }
+    }
+    // The server keeps serving after the refusals.
+    let mut c =
+        WsClient::connect(server.addr, "/v1/realtime?model=moonshotai%2FKimi-K3+tiny").await;
+    assert_eq!(c.next().await.unwrap()["type"], "session.created");
+}

@@ -53,14 +53,25 @@ pub async fn start_media(
     engine: EngineConfig,
     media: Option<caracal::gateway::media::MediaConfig>,
 ) -> TestServer {
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    start_served(dir, &name, config, engine, media).await
+}
+
+/// [`start_media`] serving the model as `name` (`--served-model-name`).
+pub async fn start_served(
+    dir: &Path,
+    name: &str,
+    config: GatewayConfig,
+    engine: EngineConfig,
+    media: Option<caracal::gateway::media::MediaConfig>,
+) -> TestServer {
     use caracal::gateway::media::{MediaConfig, MediaServices};
     let loaded = LoadedModel::load(dir).expect("fixture loads");
     let model: Arc<dyn CausalLm> = Arc::from(loaded.model);
     let tokenizer = loaded.tokenizer.map(Arc::new);
-    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
     let media = media.unwrap_or_else(|| MediaConfig::for_model_type(&model.info().model_type));
     let media = MediaServices::start(model.clone(), media).expect("media actors start");
-    let served = ServedModel::new(&name, model.as_ref(), tokenizer.clone(), media.is_some());
+    let served = ServedModel::new(name, model.as_ref(), tokenizer.clone(), media.is_some());
     let detok = tokenizer.map(|t| t as Arc<dyn caracal_actors::engine::Detokenize>);
     let host = EngineHost::start(model, engine, detok).expect("engine starts");
     let gateway = Gateway::with_media(served, host, config, media);

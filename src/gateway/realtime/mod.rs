@@ -62,11 +62,10 @@ pub async fn upgrade(State(state): State<Arc<AppState>>, mut req: Request) -> Re
     if state.shutdown.is_shutting_down() {
         return ApiError::shutting_down().into_response();
     }
-    let model = req.uri().query().and_then(|q| {
-        q.split('&')
-            .find_map(|kv| kv.strip_prefix("model="))
-            .map(String::from)
-    });
+    let model = match query_value(req.uri().query(), "model") {
+        Ok(m) => m,
+        Err(e) => return e.into_response(),
+    };
     if let Err(e) = super::http::check_model(&state, model.as_deref()) {
         return e.into_response();
     }
@@ -81,6 +80,30 @@ pub async fn upgrade(State(state): State<Arc<AppState>>, mut req: Request) -> Re
     handshake.respond(limit.saturating_mul(2), move |ws| async move {
         RealtimeSession::new(state, permit).run(ws).await;
     })
+}
+
+/// The first `name=` value of a query string, decoded as a form value
+/// (`+` is a space, `%XX` a byte): `model=org%2Fname` names `org/name`,
+/// as the OpenAI SDKs send it. A value that is not UTF-8 once decoded is
+/// a 400 `invalid_value`.
+fn query_value(query: Option<&str>, name: &str) -> ApiResult<Option<String>> {
+    let Some(raw) = query.and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+    }) else {
+        return Ok(None);
+    };
+    let spaced = raw.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8()
+        .map(|v| Some(v.into_owned()))
+        .map_err(|_| {
+            ApiError::invalid(
+                "invalid_value",
+                Some(name),
+                format!("The query parameter `{name}` is not UTF-8 once percent-decoded"),
+            )
+        })
 }
 
 /// The session configuration (`session.update`).
@@ -540,5 +563,35 @@ impl RealtimeSession {
             "conversation.item.deleted",
             json!({"item_id": id}),
         )])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::query_value;
+
+    #[test]
+    fn query_values_are_form_decoded() {
+        let q = Some("intent=x&model=org%2Fkimi+k3&model=second");
+        assert_eq!(
+            query_value(q, "model").unwrap().as_deref(),
+            Some("org/kimi k3")
+        );
+        assert_eq!(
+            query_value(Some("model=org/raw"), "model")
+                .unwrap()
+                .as_deref(),
+            Some("org/raw")
+        );
+        // A longer name with the same prefix is another parameter.
+        assert_eq!(query_value(Some("models=a"), "model").unwrap(), None);
+        assert_eq!(query_value(None, "model").unwrap(), None);
+        assert_eq!(
+            query_value(Some("model="), "model").unwrap().as_deref(),
+            Some("")
+        );
+        let e = query_value(Some("model=%FF%FE"), "model").unwrap_err();
+        assert_eq!(e.body()["code"], "invalid_value");
+        assert_eq!(e.body()["param"], "model");
     }
 }
