@@ -934,20 +934,27 @@ struct PvArgs<'a, T> {
 #[inline(always)]
 unsafe fn pv_block<S: DecSimd, T: KvElem, const NC: usize, const GB: usize>(a: &PvArgs<'_, T>) {
     let lanes = S::LANES;
-    let al: [S::V; GB] = std::array::from_fn(|r| S::splat(*a.alpha.add(r)));
-    let mut acc: [[S::V; NC]; GB] = std::array::from_fn(|r| {
-        std::array::from_fn(|c| S::mul(S::load(a.o.add(r * a.vdp + a.c0 + c * lanes)), al[r]))
-    });
+    // Plain loops, not `std::array::from_fn`: its closures do not take the
+    // caller's target features, so the vector operations in them became
+    // calls (seen in the profile of an 8-sequence decode step).
+    let mut acc = [[S::zero(); NC]; GB];
+    for (r, acc_r) in acc.iter_mut().enumerate() {
+        let al = S::splat(*a.alpha.add(r));
+        for (c, x) in acc_r.iter_mut().enumerate() {
+            *x = S::mul(S::load(a.o.add(r * a.vdp + a.c0 + c * lanes)), al);
+        }
+    }
     let tail = a.c0 + NC * lanes > a.vd;
     for jj in 0..a.nk {
         let vp = a.base.add(a.voff[jj] + a.c0);
-        let v: [S::V; NC] = std::array::from_fn(|c| {
-            if tail && c == NC - 1 {
+        let mut v = [S::zero(); NC];
+        for (c, vc) in v.iter_mut().enumerate() {
+            *vc = if tail && c == NC - 1 {
                 T::load_part::<S>(vp.add(c * lanes), a.vd - a.c0 - c * lanes)
             } else {
                 T::load::<S>(vp.add(c * lanes))
-            }
-        });
+            };
+        }
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let pr = S::splat(*a.p.add(r * DECODE_TILE + jj));
             for (x, &vc) in acc_r.iter_mut().zip(&v) {
