@@ -251,23 +251,29 @@ impl Rope {
         head_stride: usize,
         offset: usize,
     ) {
+        self.rotate_half_with(x, &self.table(positions), heads, head_stride, offset);
+    }
+
+    /// [`Rope::apply_rotate_half`] with the tables of a [`RopeTable`] (one
+    /// per row of `x`), so that a batch's layers compute them once.
+    pub fn rotate_half_with(
+        &self,
+        x: &mut [f32],
+        table: &RopeTable,
+        heads: usize,
+        head_stride: usize,
+        offset: usize,
+    ) {
         let half = self.dim / 2;
-        self.apply(
-            x,
-            positions,
-            heads,
-            head_stride,
-            offset,
-            |head, cos, sin| {
-                let (a, b) = head.split_at_mut(half);
-                for j in 0..half {
-                    let (x1, x2) = (a[j], b[j]);
-                    // HF: q·cos + rotate_half(q)·sin, rotate_half(q) = [-x2, x1].
-                    a[j] = x1 * cos[j] - x2 * sin[j];
-                    b[j] = x2 * cos[j] + x1 * sin[j];
-                }
-            },
-        );
+        self.apply(x, table, heads, head_stride, offset, |head, cos, sin| {
+            let (a, b) = head.split_at_mut(half);
+            for j in 0..half {
+                let (x1, x2) = (a[j], b[j]);
+                // HF: q·cos + rotate_half(q)·sin, rotate_half(q) = [-x2, x1].
+                a[j] = x1 * cos[j] - x2 * sin[j];
+                b[j] = x2 * cos[j] + x1 * sin[j];
+            }
+        });
     }
 
     /// Rotates `x` `[t, heads·head_stride]` in place with adjacent pairs
@@ -282,28 +288,59 @@ impl Rope {
         head_stride: usize,
         offset: usize,
     ) {
-        self.apply(
-            x,
-            positions,
-            heads,
-            head_stride,
-            offset,
-            |head, cos, sin| {
-                for (j, pair) in head.chunks_exact_mut(2).enumerate() {
-                    let (x1, x2) = (pair[0], pair[1]);
-                    pair[0] = x1 * cos[j] - x2 * sin[j];
-                    pair[1] = x2 * cos[j] + x1 * sin[j];
-                }
-            },
-        );
+        self.interleaved_with(x, &self.table(positions), heads, head_stride, offset);
     }
 
-    /// Shared walk over tokens and heads: computes the tables once per token
-    /// and hands each head's `dim` rotary values to `rotate`.
+    /// [`Rope::apply_interleaved`] with the tables of a [`RopeTable`].
+    pub fn interleaved_with(
+        &self,
+        x: &mut [f32],
+        table: &RopeTable,
+        heads: usize,
+        head_stride: usize,
+        offset: usize,
+    ) {
+        self.apply(x, table, heads, head_stride, offset, |head, cos, sin| {
+            for (j, pair) in head.chunks_exact_mut(2).enumerate() {
+                let (x1, x2) = (pair[0], pair[1]);
+                pair[0] = x1 * cos[j] - x2 * sin[j];
+                pair[1] = x2 * cos[j] + x1 * sin[j];
+            }
+        });
+    }
+
+    /// The cos and sin tables of every position in `positions`
+    /// ([`Rope::cos_sin`]), for [`Rope::rotate_half_with`] and
+    /// [`Rope::interleaved_with`].
+    pub fn table(&self, positions: &[usize]) -> RopeTable {
+        let half = self.dim / 2;
+        let mut cos = vec![0.0f32; positions.len() * half];
+        let mut sin = vec![0.0f32; positions.len() * half];
+        if half > 0 {
+            for ((c, s), &pos) in cos
+                .chunks_exact_mut(half)
+                .zip(sin.chunks_exact_mut(half))
+                .zip(positions)
+            {
+                self.cos_sin(pos, c, s);
+            }
+        }
+        RopeTable {
+            half,
+            rows: positions.len(),
+            cos,
+            sin,
+            inv_freq: self.inv_freq.clone(),
+            attention_factor: self.attention_factor,
+        }
+    }
+
+    /// Shared walk over tokens and heads: hands each head's `dim` rotary
+    /// values and its token's tables to `rotate`.
     fn apply(
         &self,
         x: &mut [f32],
-        positions: &[usize],
+        table: &RopeTable,
         heads: usize,
         head_stride: usize,
         offset: usize,
@@ -315,20 +352,49 @@ impl Rope {
             "rope: offset {offset} + dim {} exceeds head stride {head_stride}",
             self.dim
         );
+        assert!(
+            table.half == self.dim / 2 && table.made_by(self),
+            "rope: the table was made by another rotary embedding"
+        );
         assert_eq!(
             x.len(),
-            positions.len() * row,
+            table.rows * row,
             "rope: x must be [positions, heads·head_stride]"
         );
-        let half = self.dim / 2;
-        let mut cos = vec![0.0f32; half];
-        let mut sin = vec![0.0f32; half];
-        for (token, &pos) in x.chunks_exact_mut(row.max(1)).zip(positions) {
-            self.cos_sin(pos, &mut cos, &mut sin);
+        let half = table.half;
+        for (t, token) in x.chunks_exact_mut(row.max(1)).enumerate().take(table.rows) {
+            let (cos, sin) = (
+                &table.cos[t * half..(t + 1) * half],
+                &table.sin[t * half..(t + 1) * half],
+            );
             for head in token.chunks_exact_mut(head_stride) {
-                rotate(&mut head[offset..offset + self.dim], &cos, &sin);
+                rotate(&mut head[offset..offset + self.dim], cos, sin);
             }
         }
+    }
+}
+
+/// The cos and sin tables of a batch's positions ([`Rope::table`]), `dim/2`
+/// values per position each.
+#[derive(Clone, Debug)]
+pub struct RopeTable {
+    /// Values per position (`dim/2`).
+    half: usize,
+    /// Positions.
+    rows: usize,
+    /// `[rows, half]`.
+    cos: Vec<f32>,
+    /// `[rows, half]`.
+    sin: Vec<f32>,
+    /// The frequencies and factor of the [`Rope`] that made the table.
+    inv_freq: Vec<f32>,
+    attention_factor: f32,
+}
+
+impl RopeTable {
+    /// Whether `rope` (same frequencies and factor) made this table.
+    pub fn made_by(&self, rope: &Rope) -> bool {
+        self.inv_freq == rope.inv_freq && self.attention_factor == rope.attention_factor
     }
 }
 
@@ -571,6 +637,29 @@ mod tests {
         };
         let rope = Rope::new(64, 500000.0, &llama3);
         assert_inv_freq(&rope.inv_freq, &LLAMA3, 0, "llama3");
+    }
+
+    #[test]
+    fn a_table_serves_only_the_rope_that_made_it() {
+        let a = Rope::new(64, 100000.0, &RopeScaling::Default);
+        let b = Rope::new(64, 50000.0, &RopeScaling::Default);
+        let positions = [0, 7, 4096];
+        let table = a.table(&positions);
+        assert!(table.made_by(&a) && !table.made_by(&b));
+        // Rows through the table equal rows rotated one position at a time.
+        let x: Vec<f32> = (0..3 * 2 * 64).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut batched = x.clone();
+        a.rotate_half_with(&mut batched, &table, 2, 64, 0);
+        for (t, &pos) in positions.iter().enumerate() {
+            let mut one = x[t * 128..(t + 1) * 128].to_vec();
+            a.apply_rotate_half(&mut one, &[pos], 2, 64, 0);
+            assert_eq!(one, batched[t * 128..(t + 1) * 128]);
+        }
+        let r = std::panic::catch_unwind(|| {
+            let mut y = x.clone();
+            b.rotate_half_with(&mut y, &table, 2, 64, 0);
+        });
+        assert!(r.is_err(), "another rope's table is refused");
     }
 
     #[test]

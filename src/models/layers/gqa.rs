@@ -61,8 +61,9 @@ impl GqaAttention {
         let s = &self.shape;
         let [mut q, mut k, v] =
             Matrix::forward_group([&self.q_proj, &self.k_proj, &self.v_proj], x);
-        rope.apply_rotate_half(&mut q, &layout.positions, s.q_heads, s.head_dim, 0);
-        rope.apply_rotate_half(&mut k, &layout.positions, s.kv_heads, s.head_dim, 0);
+        let table = layout.rope_table(rope);
+        rope.rotate_half_with(&mut q, table, s.q_heads, s.head_dim, 0);
+        rope.rotate_half_with(&mut k, table, s.kv_heads, s.head_dim, 0);
         let scale = (s.head_dim as f32).powf(-0.5);
         let (qw, kw, vw, ow) = (
             s.q_heads * s.head_dim,

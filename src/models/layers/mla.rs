@@ -172,12 +172,13 @@ impl MlaAttention {
         }
         let c = self.kv_a_layernorm.forward(&c);
         if let Some(rope) = rope {
+            let table = layout.rope_table(rope);
             if self.rope_interleave {
-                rope.apply_interleaved(&mut q_pe, &layout.positions, h, dr, 0);
-                rope.apply_interleaved(&mut k_pe, &layout.positions, 1, dr, 0);
+                rope.interleaved_with(&mut q_pe, table, h, dr, 0);
+                rope.interleaved_with(&mut k_pe, table, 1, dr, 0);
             } else {
-                rope.apply_rotate_half(&mut q_pe, &layout.positions, h, dr, 0);
-                rope.apply_rotate_half(&mut k_pe, &layout.positions, 1, dr, 0);
+                rope.rotate_half_with(&mut q_pe, table, h, dr, 0);
+                rope.rotate_half_with(&mut k_pe, table, 1, dr, 0);
             }
         }
         let ow = h * s.v_dim;

@@ -15,6 +15,7 @@ pub mod moe;
 
 use caracal_kernels::activation;
 use caracal_kernels::norm;
+use caracal_kernels::rope::{Rope, RopeTable};
 use caracal_kernels::Matrix;
 
 use crate::checkpoint::arch::{Arch, AttentionKind, Family};
@@ -50,6 +51,9 @@ pub struct BatchLayout {
     pub positions: Vec<usize>,
     /// Media rows replacing token embeddings: `(first batch row, span)`.
     pub embeds: Vec<(usize, EmbedSpan)>,
+    /// The rotary tables of `positions`, made by the first layer that asks
+    /// ([`BatchLayout::rope_table`]) and shared by the others.
+    rope: std::sync::OnceLock<RopeTable>,
 }
 
 impl BatchLayout {
@@ -101,7 +105,23 @@ impl BatchLayout {
             tokens,
             positions,
             embeds,
+            rope: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The cos/sin tables of every row's position under `rope`, computed
+    /// once per forward: a model's attention layers share one rotary
+    /// embedding, so each layer's q and k rotations read the same tables.
+    ///
+    /// # Panics
+    /// If a later caller's `rope` is not the first's (other frequencies).
+    pub fn rope_table(&self, rope: &Rope) -> &RopeTable {
+        let t = self.rope.get_or_init(|| rope.table(&self.positions));
+        assert!(
+            t.made_by(rope),
+            "one forward used two rotary embeddings: BatchLayout keeps one table"
+        );
+        t
     }
 
     /// The sequences decoding one token this step, for the batched decode
