@@ -281,11 +281,11 @@ pub(crate) mod x86 {
                 let lo = _mm512_loadu_ps(blk.as_ptr());
                 let hi = _mm512_loadu_ps(blk.as_ptr().add(16));
                 let zero = _mm512_setzero_ps();
-                // x·0 is NaN exactly for ±∞ and NaN.
-                let finite = _mm512_reduce_add_ps(_mm512_add_ps(
-                    _mm512_mul_ps(lo, zero),
-                    _mm512_mul_ps(hi, zero),
-                )) == 0.0;
+                // x·0 is NaN exactly for ±∞ and NaN, and the sum of two
+                // such products is NaN when either is: a lane compare, not
+                // a horizontal sum.
+                let z = _mm512_add_ps(_mm512_mul_ps(lo, zero), _mm512_mul_ps(hi, zero));
+                let finite = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(z, z) == 0xFFFF;
                 let amax =
                     _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
                 let dd = amax / 127.0;
