@@ -251,29 +251,8 @@ impl Rope {
         head_stride: usize,
         offset: usize,
     ) {
-        self.rotate_half_with(x, &self.table(positions), heads, head_stride, offset);
-    }
-
-    /// [`Rope::apply_rotate_half`] with the tables of a [`RopeTable`] (one
-    /// per row of `x`), so that a batch's layers compute them once.
-    pub fn rotate_half_with(
-        &self,
-        x: &mut [f32],
-        table: &RopeTable,
-        heads: usize,
-        head_stride: usize,
-        offset: usize,
-    ) {
-        let half = self.dim / 2;
-        self.apply(x, table, heads, head_stride, offset, |head, cos, sin| {
-            let (a, b) = head.split_at_mut(half);
-            for j in 0..half {
-                let (x1, x2) = (a[j], b[j]);
-                // HF: q·cos + rotate_half(q)·sin, rotate_half(q) = [-x2, x1].
-                a[j] = x1 * cos[j] - x2 * sin[j];
-                b[j] = x2 * cos[j] + x1 * sin[j];
-            }
-        });
+        let table = self.table(positions);
+        self.rotate_with(x, &table, RopePairs::Half, heads, head_stride, offset);
     }
 
     /// Rotates `x` `[t, heads·head_stride]` in place with adjacent pairs
@@ -288,30 +267,52 @@ impl Rope {
         head_stride: usize,
         offset: usize,
     ) {
-        self.interleaved_with(x, &self.table(positions), heads, head_stride, offset);
+        let table = self.table(positions);
+        self.rotate_with(x, &table, RopePairs::Adjacent, heads, head_stride, offset);
     }
 
-    /// [`Rope::apply_interleaved`] with the tables of a [`RopeTable`].
-    pub fn interleaved_with(
+    /// [`Rope::apply_rotate_half`] / [`Rope::apply_interleaved`] with the
+    /// tables of a [`RopeTable`] (one per row of `x`), so that a batch's
+    /// layers compute them once.
+    pub fn rotate_with(
         &self,
         x: &mut [f32],
         table: &RopeTable,
+        pairs: RopePairs,
         heads: usize,
         head_stride: usize,
         offset: usize,
     ) {
-        self.apply(x, table, heads, head_stride, offset, |head, cos, sin| {
-            for (j, pair) in head.chunks_exact_mut(2).enumerate() {
-                let (x1, x2) = (pair[0], pair[1]);
-                pair[0] = x1 * cos[j] - x2 * sin[j];
-                pair[1] = x2 * cos[j] + x1 * sin[j];
-            }
-        });
+        let half = self.dim / 2;
+        self.apply(
+            x,
+            table,
+            heads,
+            head_stride,
+            offset,
+            |head, cos, sin| match pairs {
+                RopePairs::Half => {
+                    let (a, b) = head.split_at_mut(half);
+                    for j in 0..half {
+                        let (x1, x2) = (a[j], b[j]);
+                        // HF: q·cos + rotate_half(q)·sin, rotate_half(q) = [-x2, x1].
+                        a[j] = x1 * cos[j] - x2 * sin[j];
+                        b[j] = x2 * cos[j] + x1 * sin[j];
+                    }
+                }
+                RopePairs::Adjacent => {
+                    for (j, pair) in head.chunks_exact_mut(2).enumerate() {
+                        let (x1, x2) = (pair[0], pair[1]);
+                        pair[0] = x1 * cos[j] - x2 * sin[j];
+                        pair[1] = x2 * cos[j] + x1 * sin[j];
+                    }
+                }
+            },
+        );
     }
 
     /// The cos and sin tables of every position in `positions`
-    /// ([`Rope::cos_sin`]), for [`Rope::rotate_half_with`] and
-    /// [`Rope::interleaved_with`].
+    /// ([`Rope::cos_sin`]), for [`Rope::rotate_with`].
     pub fn table(&self, positions: &[usize]) -> RopeTable {
         let half = self.dim / 2;
         let mut cos = vec![0.0f32; positions.len() * half];
@@ -372,6 +373,15 @@ impl Rope {
             }
         }
     }
+}
+
+/// How the rotary values of a head pair up ([`Rope::rotate_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopePairs {
+    /// Llama's `rotate_half`: `(j, j + dim/2)`.
+    Half,
+    /// Adjacent `(2j, 2j + 1)`: DeepSeek-V3's interleaved rope.
+    Adjacent,
 }
 
 /// The cos and sin tables of a batch's positions ([`Rope::table`]), `dim/2`
@@ -649,7 +659,7 @@ mod tests {
         // Rows through the table equal rows rotated one position at a time.
         let x: Vec<f32> = (0..3 * 2 * 64).map(|i| (i as f32 * 0.37).sin()).collect();
         let mut batched = x.clone();
-        a.rotate_half_with(&mut batched, &table, 2, 64, 0);
+        a.rotate_with(&mut batched, &table, RopePairs::Half, 2, 64, 0);
         for (t, &pos) in positions.iter().enumerate() {
             let mut one = x[t * 128..(t + 1) * 128].to_vec();
             a.apply_rotate_half(&mut one, &[pos], 2, 64, 0);
@@ -657,7 +667,7 @@ mod tests {
         }
         let r = std::panic::catch_unwind(|| {
             let mut y = x.clone();
-            b.rotate_half_with(&mut y, &table, 2, 64, 0);
+            b.rotate_with(&mut y, &table, RopePairs::Half, 2, 64, 0);
         });
         assert!(r.is_err(), "another rope's table is refused");
     }

@@ -3,7 +3,7 @@
 use caracal_kernels::attention::{write_kv, AttnShape};
 use caracal_kernels::flash::{decode_attention_batch, paged_attention_tiled};
 use caracal_kernels::paged::KvPool;
-use caracal_kernels::rope::Rope;
+use caracal_kernels::rope::{Rope, RopePairs};
 use caracal_kernels::Matrix;
 
 use super::BatchLayout;
@@ -62,8 +62,8 @@ impl GqaAttention {
         let [mut q, mut k, v] =
             Matrix::forward_group([&self.q_proj, &self.k_proj, &self.v_proj], x);
         let table = layout.rope_table(rope);
-        rope.rotate_half_with(&mut q, table, s.q_heads, s.head_dim, 0);
-        rope.rotate_half_with(&mut k, table, s.kv_heads, s.head_dim, 0);
+        rope.rotate_with(&mut q, table, RopePairs::Half, s.q_heads, s.head_dim, 0);
+        rope.rotate_with(&mut k, table, RopePairs::Half, s.kv_heads, s.head_dim, 0);
         let scale = (s.head_dim as f32).powf(-0.5);
         let (qw, kw, vw, ow) = (
             s.q_heads * s.head_dim,

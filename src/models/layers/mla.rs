@@ -15,7 +15,7 @@ use caracal_kernels::mla::{
     mla_attention_absorbed, mla_decode_attention_batch, write_latent, MlaAbsorbed, MlaShape,
 };
 use caracal_kernels::paged::KvPool;
-use caracal_kernels::rope::Rope;
+use caracal_kernels::rope::{Rope, RopePairs};
 use caracal_kernels::Matrix;
 
 use super::{BatchLayout, RmsNorm};
@@ -173,13 +173,13 @@ impl MlaAttention {
         let c = self.kv_a_layernorm.forward(&c);
         if let Some(rope) = rope {
             let table = layout.rope_table(rope);
-            if self.rope_interleave {
-                rope.interleaved_with(&mut q_pe, table, h, dr, 0);
-                rope.interleaved_with(&mut k_pe, table, 1, dr, 0);
+            let pairs = if self.rope_interleave {
+                RopePairs::Adjacent
             } else {
-                rope.rotate_half_with(&mut q_pe, table, h, dr, 0);
-                rope.rotate_half_with(&mut k_pe, table, 1, dr, 0);
-            }
+                RopePairs::Half
+            };
+            rope.rotate_with(&mut q_pe, table, pairs, h, dr, 0);
+            rope.rotate_with(&mut k_pe, table, pairs, 1, dr, 0);
         }
         let ow = h * s.v_dim;
         let mut out = vec![0.0; n * ow];
