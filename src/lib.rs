@@ -44,6 +44,7 @@ pub mod error;
 pub mod eval;
 pub mod gateway;
 pub mod generate;
+pub mod malloc;
 pub mod models;
 pub mod paths;
 pub mod plan;

@@ -3,6 +3,7 @@
 mod cli;
 
 fn main() {
+    caracal::malloc::keep_freed_memory();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
