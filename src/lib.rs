@@ -32,6 +32,7 @@
 //! - [`plan`]: memory plans of a model on given devices.
 //! - [`units`]: sizes as written on command lines (`512MiB`, `1.5TB`).
 //! - [`paths`]: Caracal's own cache folder.
+//! - [`malloc`]: the `caracal` binary's allocator settings (freed activations kept).
 //! - [`error`]: the crate's error enum and `Result` alias.
 
 #![recursion_limit = "256"]
