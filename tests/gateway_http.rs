@@ -412,12 +412,7 @@ async fn a_stalled_body_gets_408_and_a_slow_one_is_read() {
     )
     .await;
     assert_eq!(status, 200, "{v}");
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), stalled.read_to_end(&mut answer))
-        .await
-        .expect("the stalled connection is answered and closed")
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = answer_and_close(&mut stalled).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("\"code\":\"request_timeout\""), "{answer}");
     let slow = slow.await.unwrap();
@@ -425,11 +420,23 @@ async fn a_stalled_body_gets_408_and_a_slow_one_is_read() {
     server.shutdown().await.unwrap();
 }
 
+/// Everything the server sends on `s` until it closes the connection
+/// (within 30 s), as text.
+async fn answer_and_close(s: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut answer))
+        .await
+        .expect("an answer and a close within 30 s")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 /// A chunked body that breaks off with a malformed chunk gets 400
 /// `invalid_body`, and the server goes on serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_chunked_body_gets_400_invalid_body() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let server = start_llama().await;
     let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     s.write_all(
@@ -438,12 +445,7 @@ async fn a_malformed_chunked_body_gets_400_invalid_body() {
     )
     .await
     .unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut answer))
-        .await
-        .expect("an answer and a close")
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = answer_and_close(&mut s).await;
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("\"code\":\"invalid_body\""), "{answer}");
     let (status, v) = json(
