@@ -44,19 +44,24 @@ fn python() -> Option<PathBuf> {
     }
 }
 
+/// The served model name the SDK tests use.
+const MODEL: &str = "moonshotai/kimi-k3-tiny";
+
 #[test]
 fn official_openai_sdk_and_raw_websockets_against_caracal_serve() {
     let Some(py) = python() else {
         return;
     };
-    let mut server = ServeProcess::start(&["--served-model-name", "kimi-k3-tiny"], 600);
+    // A Hugging Face style id, so the SDKs send a `/` in bodies and in the
+    // Realtime URL's `model=` query.
+    let mut server = ServeProcess::start(&["--served-model-name", MODEL], 600);
     let port = server.port;
     let out = Command::new(&py)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .arg(Path::new("tests").join("e2e"))
         .current_dir(root())
         .env("CARACAL_BASE_URL", format!("http://127.0.0.1:{port}/v1"))
-        .env("CARACAL_MODEL", "kimi-k3-tiny")
+        .env("CARACAL_MODEL", MODEL)
         .output()
         .expect("run pytest");
     let report = format!(

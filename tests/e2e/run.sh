@@ -12,7 +12,7 @@ fi
 cargo build --bin caracal
 port=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 log=$(mktemp)
-./target/debug/caracal serve --port "$port" --served-model-name kimi-k3-tiny >"$log" 2>&1 &
+./target/debug/caracal serve --port "$port" --served-model-name moonshotai/kimi-k3-tiny >"$log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null || true; wait $server 2>/dev/null || true; rm -f "$log"' EXIT
 for _ in $(seq 1 300); do
@@ -20,7 +20,7 @@ for _ in $(seq 1 300); do
   if ! kill -0 $server 2>/dev/null; then cat "$log"; exit 1; fi
   sleep 0.2
 done
-CARACAL_BASE_URL="http://127.0.0.1:$port/v1" CARACAL_MODEL=kimi-k3-tiny \
+CARACAL_BASE_URL="http://127.0.0.1:$port/v1" CARACAL_MODEL=moonshotai/kimi-k3-tiny \
   .venv/bin/python -m pytest -q tests/e2e
 # A graceful stop: SIGTERM, and the server says it stopped.
 kill -TERM $server

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 BASE = os.environ["CARACAL_BASE_URL"]
-MODEL = os.environ.get("CARACAL_MODEL", "kimi-k3-tiny")
+MODEL = os.environ.get("CARACAL_MODEL", "moonshotai/kimi-k3-tiny")
 
 WEATHER = {
     "type": "object",

@@ -16,7 +16,7 @@ import pytest
 import websockets.sync.client as ws_client
 
 BASE = os.environ["CARACAL_BASE_URL"]  # e.g. http://127.0.0.1:8123/v1
-MODEL = os.environ.get("CARACAL_MODEL", "kimi-k3-tiny")
+MODEL = os.environ.get("CARACAL_MODEL", "moonshotai/kimi-k3-tiny")
 WS_BASE = BASE.replace("http://", "ws://")
 
 TOOLS_CHAT = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
