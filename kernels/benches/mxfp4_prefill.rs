@@ -83,6 +83,11 @@ fn main() {
                         )
                     });
                     let new = time(|| panels.matmul(black_box(&x), n, &mut out));
+                    // The AMX build against the VNNI one it replaces, where both run.
+                    let vnni = (PanelKernel::best() == PanelKernel::Amx).then(|| {
+                        let k = PanelKernel::Avx512Vnni;
+                        time(|| panels.matmul_with(k, black_box(&x), n, &mut out))
+                    });
                     let sweep: Vec<String> = if sweep && n >= 64 {
                         [4, 6, 8, 10, 12]
                             .iter()
@@ -102,14 +107,18 @@ fn main() {
                     } else {
                         Vec::new()
                     };
+                    let vs_vnni = vnni.map_or(String::new(), |v| {
+                        format!("vnni {:.1} GF/s, amx {:.2}x", flops / v / 1e9, v / new)
+                    });
                     println!(
-                        "{:>12} {:>5} {:>3} {:>12.1} {:>12.1} {:>6.2}x  {}",
+                        "{:>12} {:>5} {:>3} {:>12.1} {:>12.1} {:>6.2}x  {} {}",
                         format!("{rows}x{cols}"),
                         n,
                         threads,
                         flops / old / 1e9,
                         flops / new / 1e9,
                         old / new,
+                        vs_vnni,
                         sweep.join(" ")
                     );
                 }

@@ -16,6 +16,8 @@
 //!
 //! Modules:
 //! - [`cpu`]: CPU feature detection and the [`cpu::Isa`] builds of kernels.
+//! - [`amx`]: Intel AMX tiles (detection, permission, configuration) for the
+//!   int8 panel GEMMs.
 //! - [`dtype`]: bf16 conversion helpers and the [`DType`] tag.
 //! - [`matrix`]: [`Matrix`], a weight in its stored dtype, and its matmul.
 //! - [`gemm`]: f32 / bf16 GEMV and GEMM.
@@ -30,6 +32,7 @@
 //! - [`testing`]: the deterministic generator of test and bench data.
 
 pub mod activation;
+pub mod amx;
 pub mod attention;
 pub mod cpu;
 #[cfg(feature = "cuda")]

@@ -45,6 +45,13 @@ const LINES: usize = 9;
 /// Activation rows per AVX-512 tile (8 int32 and 8 f32 accumulators).
 const MR: usize = 8;
 
+/// Activation rows per AMX tile: a tile register's 16 rows.
+const MR_AMX: usize = 16;
+
+/// Below this many rows the VNNI tile runs instead of the AMX one (see
+/// [`crate::mxfp4::panel`]).
+const AMX_MIN_ROWS: usize = 6;
+
 /// A Q8_0 `[rows, cols]` matrix in panel layout (see the [module docs](self)).
 #[derive(Clone)]
 pub struct Q8Panels {
@@ -67,6 +74,9 @@ impl std::fmt::Debug for Q8Panels {
 /// The builds of the panel kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Q8PanelKernel {
+    /// AMX-INT8 tiles of [`AMX_MIN_ROWS`] rows or more, the AVX-512 VNNI
+    /// tile below that ([`crate::amx`]).
+    Amx,
     /// AVX-512 F, BW and VNNI.
     Avx512Vnni,
     /// Portable Rust.
@@ -81,15 +91,19 @@ impl Q8PanelKernel {
             Q8PanelKernel::Avx512Vnni => {
                 crate::cpu::features().avx512_vnni && std::is_x86_feature_detected!("avx512vl")
             }
+            #[cfg(target_arch = "x86_64")]
+            Q8PanelKernel::Amx => Q8PanelKernel::Avx512Vnni.supported() && crate::amx::available(),
             #[cfg(not(target_arch = "x86_64"))]
-            Q8PanelKernel::Avx512Vnni => false,
+            Q8PanelKernel::Avx512Vnni | Q8PanelKernel::Amx => false,
             Q8PanelKernel::Portable => true,
         }
     }
 
     /// The widest build this CPU runs.
     pub fn best() -> Q8PanelKernel {
-        if Q8PanelKernel::Avx512Vnni.supported() {
+        if Q8PanelKernel::Amx.supported() {
+            Q8PanelKernel::Amx
+        } else if Q8PanelKernel::Avx512Vnni.supported() {
             Q8PanelKernel::Avx512Vnni
         } else {
             Q8PanelKernel::Portable
@@ -245,7 +259,11 @@ impl Q8Panels {
         if !product_ready("Q8Panels::matmul", x, n, out, self.rows, self.cols) {
             return;
         }
-        let avx512 = kernel == Q8PanelKernel::Avx512Vnni;
+        let avx512 = kernel != Q8PanelKernel::Portable;
+        let mr = match kernel {
+            Q8PanelKernel::Amx if n >= AMX_MIN_ROWS => MR_AMX,
+            _ => MR,
+        };
         with_rounded(Scheme::Q8_0, avx512, x, n, self.cols, |q| {
             let np = self.rows.div_ceil(PANEL_ROWS);
             let outp = OutPtr(out.as_mut_ptr());
@@ -253,7 +271,7 @@ impl Q8Panels {
                 for p in p0..p1 {
                     let mut i = 0;
                     while i < n {
-                        let m = (n - i).min(MR);
+                        let m = (n - i).min(mr);
                         // SAFETY: rows i..i+m and the panel's columns are inside
                         // out and belong to this task only; the AVX-512 tile runs
                         // only where supported (asserted above).
@@ -292,7 +310,20 @@ impl Q8Panels {
         let out = unsafe { out.get().add(i0 * self.rows + p * PANEL_ROWS) };
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            Q8PanelKernel::Avx512Vnni => unsafe {
+            Q8PanelKernel::Amx if m >= AMX_MIN_ROWS => unsafe {
+                macro_rules! by_rows {
+                    ($($mr:literal)*) => {
+                        match (m, i0 == 0) {
+                            $(($mr, true) => amx::tile_amx::<$mr, true>(&t, out),
+                              ($mr, false) => amx::tile_amx::<$mr, false>(&t, out),)*
+                            _ => unreachable!("AMX tiles are {AMX_MIN_ROWS}..={MR_AMX} rows"),
+                        }
+                    };
+                }
+                by_rows!(16 15 14 13 12 11 10 9 8 7 6)
+            },
+            #[cfg(target_arch = "x86_64")]
+            Q8PanelKernel::Avx512Vnni | Q8PanelKernel::Amx => unsafe {
                 macro_rules! by_rows {
                     ($($mr:literal)*) => {
                         match (m, i0 == 0) {
@@ -356,6 +387,10 @@ impl Tile<'_> {
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[path = "panel_amx.rs"]
+mod amx;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {

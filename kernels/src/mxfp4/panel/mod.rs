@@ -41,6 +41,8 @@ use super::{check_layout, BLOCK_BYTES, BLOCK_ELEMS, E2M1_X2_U8, E8M0_TABLE, ZERO
 use crate::error::Result;
 use crate::int8_rows::{product_ready, with_rounded, Line, QuantRows, Scheme, MIN_TASK_MACS};
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]
@@ -59,8 +61,20 @@ const PANEL_BLOCK_BYTES: usize = PANEL_ROWS * BLOCK_BYTES;
 /// near the top on every SmolLM2 shape; 12 lost up to 2× at 2 threads.
 const MR_AVX512: usize = 8;
 
+/// Activation rows per AMX tile: a tile register's 16 rows.
+const MR_AMX: usize = 16;
+
+/// Below this many rows an AMX tile spends more on storing and reloading
+/// its int32 results than it saves on the products, and the VNNI tile runs
+/// (`mxfp4_prefill`: AMX 0.7–1.2× VNNI at 4–5 rows, 0.9–1.8× at 6, 1.2–2.3×
+/// at 8, on SmolLM2's shapes).
+const AMX_MIN_ROWS: usize = 6;
+
 /// The tallest tile [`Panels::matmul_tiled`] runs.
-pub const MAX_TILE_ROWS: usize = 12;
+pub const MAX_TILE_ROWS: usize = 16;
+
+/// The tallest AVX-512 VNNI tile (its accumulators fill the registers).
+const MAX_VNNI_ROWS: usize = 12;
 
 /// Activation rows per AVX2 tile (16 ymm registers: 4 int32 and 4 f32
 /// accumulators, two weight halves, constants).
@@ -254,7 +268,8 @@ impl Panels {
     }
 
     /// [`Panels::matmul_with`] with tiles of `mr` activation rows (clamped to
-    /// `1..=`[`MAX_TILE_ROWS`]; AVX2 uses at most 2), for measuring tile shapes.
+    /// `1..=`[`MAX_TILE_ROWS`]; AVX2 uses at most 2, AVX-512 VNNI at most
+    /// 12), for measuring tile shapes.
     #[doc(hidden)]
     pub fn matmul_tiled(
         &self,
@@ -271,12 +286,12 @@ impl Panels {
         if !product_ready("Panels::matmul", x, n, out, self.rows, self.cols) {
             return;
         }
-        let avx512 = kernel == PanelKernel::Avx512Vnni;
         let mr = match kernel {
             PanelKernel::Avx2 => mr.clamp(1, MR_AVX2),
+            PanelKernel::Avx512Vnni => mr.clamp(1, MAX_VNNI_ROWS),
             _ => mr.clamp(1, MAX_TILE_ROWS),
         };
-        with_rounded(Scheme::MXFP4, avx512, x, n, self.cols, |q| {
+        with_rounded(Scheme::MXFP4, kernel.avx512(), x, n, self.cols, |q| {
             self.run(kernel, mr, q, n, out)
         });
     }
@@ -338,8 +353,7 @@ impl Panels {
         let total = starts.last().copied().unwrap_or(0)
             + mats.last().map_or(0, |m| m.rows.div_ceil(PANEL_ROWS));
         let ptrs: Vec<OutPtr> = outs.iter_mut().map(|o| OutPtr(o.as_mut_ptr())).collect();
-        let avx512 = kernel == PanelKernel::Avx512Vnni;
-        with_rounded(Scheme::MXFP4, avx512, x, n, cols, |q| {
+        with_rounded(Scheme::MXFP4, kernel.avx512(), x, n, cols, |q| {
             for_row_ranges(total, PANEL_ROWS * cols * n, MIN_TASK_MACS, |p0, p1| {
                 for g in p0..p1 {
                     let m = starts.partition_point(|&s| s <= g) - 1;
@@ -383,6 +397,10 @@ impl Panels {
             valid,
         };
         let mut i = 0;
+        #[cfg(target_arch = "x86_64")]
+        if kernel == PanelKernel::Amx && n >= AMX_MIN_ROWS && mr >= AMX_MIN_ROWS {
+            i = t.rows_amx(q, n, mr, out);
+        }
         while i < n {
             let m = (n - i).min(mr);
             t.rows_tile(kernel, q, i, m, out);
@@ -416,6 +434,48 @@ impl Tile<'_> {
         unsafe { std::slice::from_raw_parts(self.codes.as_ptr().cast(), self.codes.len() * 64) }
     }
 
+    /// The activation rows of AMX tiles (all but fewer than [`AMX_MIN_ROWS`]
+    /// left over) against this panel, decoded once for them; returns the
+    /// rows done.
+    #[cfg(target_arch = "x86_64")]
+    fn rows_amx(&self, q: &QuantRows, n: usize, mr: usize, out: OutPtr) -> usize {
+        thread_local! {
+            static DECODED: std::cell::Cell<Vec<Line>> = const { std::cell::Cell::new(Vec::new()) };
+        }
+        let nb = self.nb;
+        let cols = nb * BLOCK_ELEMS;
+        crate::threads::with_local(&DECODED, |w| {
+            w.resize(nb * 8, Line([0; 64]));
+            // SAFETY: AMX (and the VNNI tile's features) are present: the
+            // kernel is supported (asserted by the callers); w holds nb·8 lines.
+            unsafe { amx::decode_panel::<true>(self.code_bytes().as_ptr(), nb, w.as_mut_ptr()) };
+            let mut i = 0;
+            while n - i >= AMX_MIN_ROWS {
+                let m = (n - i).min(mr);
+                let xs = RowsQ {
+                    q: &q.q[i * cols..(i + m) * cols],
+                    d: &q.d[i * nb..(i + m) * nb],
+                    c: &q.c[i * nb..(i + m) * nb],
+                };
+                // SAFETY: as in rows_tile; w is the decoded panel.
+                unsafe {
+                    let o = out.get().add(i * self.rows + self.col0);
+                    macro_rules! by_rows {
+                        ($($mr:literal)*) => {
+                            match m {
+                                $($mr => amx::tile_amx::<$mr>(self, w.as_ptr(), &xs, o),)*
+                                _ => unreachable!("AMX tiles are {AMX_MIN_ROWS}..={MR_AMX} rows"),
+                            }
+                        };
+                    }
+                    by_rows!(16 15 14 13 12 11 10 9 8 7 6)
+                }
+                i += m;
+            }
+            i
+        })
+    }
+
     /// Activation rows `i0..i0 + m` (`m ≤` the kernel's tile height) against
     /// this panel, written to `out`.
     fn rows_tile(&self, kernel: PanelKernel, q: &QuantRows, i0: usize, m: usize, out: OutPtr) {
@@ -432,7 +492,7 @@ impl Tile<'_> {
         let out = unsafe { out.get().add(i0 * self.rows + self.col0) };
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            PanelKernel::Avx512Vnni => unsafe {
+            PanelKernel::Avx512Vnni | PanelKernel::Amx => unsafe {
                 // The panel's first row tile prefetches its codes ahead.
                 macro_rules! by_rows {
                     ($($mr:literal)*) => {
@@ -504,6 +564,9 @@ pub(super) struct RowsQ<'a> {
 /// The builds of the panel kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PanelKernel {
+    /// AMX-INT8 tiles for tiles of [`AMX_MIN_ROWS`] rows or more, the
+    /// AVX-512 VNNI tile below that (see [`crate::amx`]).
+    Amx,
     /// AVX-512 F, BW, VNNI and VBMI (`vpdpbusd`, `vpermb`).
     Avx512Vnni,
     /// AVX2 (`vpmaddubsw`, `vpmaddwd`).
@@ -514,7 +577,8 @@ pub enum PanelKernel {
 
 impl PanelKernel {
     /// Every build, widest first.
-    pub const ALL: [PanelKernel; 3] = [
+    pub const ALL: [PanelKernel; 4] = [
+        PanelKernel::Amx,
         PanelKernel::Avx512Vnni,
         PanelKernel::Avx2,
         PanelKernel::Portable,
@@ -526,8 +590,10 @@ impl PanelKernel {
         match self {
             #[cfg(target_arch = "x86_64")]
             PanelKernel::Avx512Vnni => f.avx512_vnni && std::is_x86_feature_detected!("avx512vbmi"),
+            #[cfg(target_arch = "x86_64")]
+            PanelKernel::Amx => PanelKernel::Avx512Vnni.supported() && crate::amx::available(),
             #[cfg(not(target_arch = "x86_64"))]
-            PanelKernel::Avx512Vnni => false,
+            PanelKernel::Avx512Vnni | PanelKernel::Amx => false,
             PanelKernel::Avx2 => f.avx2_fma,
             PanelKernel::Portable => true,
         }
@@ -536,10 +602,16 @@ impl PanelKernel {
     /// Activation rows per tile.
     fn tile_rows(self) -> usize {
         match self {
+            PanelKernel::Amx => MR_AMX,
             PanelKernel::Avx512Vnni => MR_AVX512,
             PanelKernel::Avx2 => MR_AVX2,
             PanelKernel::Portable => 4,
         }
+    }
+
+    /// Whether activations are rounded by the AVX-512 build (same values).
+    fn avx512(self) -> bool {
+        matches!(self, PanelKernel::Amx | PanelKernel::Avx512Vnni)
     }
 
     /// The widest build this CPU runs.

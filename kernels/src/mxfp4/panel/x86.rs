@@ -24,12 +24,32 @@ static LUT64: [u8; 64] = {
 /// alone ramps up too slowly on DRAM-cold weights. Later row tiles of the
 /// same panel (prefill) find it in L1/L2 and do not prefetch: there the
 /// hints cost a third of the prefill time. Default 8 KiB.
-const PREFETCH_BYTES: usize = 8 * 1024;
+pub(super) const PREFETCH_BYTES: usize = 8 * 1024;
 
 /// Bits of the f32 that E8M0 byte 0 encodes (2⁻¹²⁷, subnormal).
 const E8M0_ZERO_BITS: i32 = 0x0040_0000;
 /// Bits of the NaN that E8M0 byte 255 encodes.
 const E8M0_NAN_BITS: i32 = 0x7FC0_0000;
+
+/// The 16 rows' E8M0 scales of one panel block (`scales[0..16]`) as f32;
+/// with `special`, bytes 0 and 255 decode as 2⁻¹²⁷ and NaN.
+///
+/// # Safety
+/// AVX-512F present; 16 bytes readable at `scales`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn block_scales(scales: *const u8, special: bool) -> __m512 {
+    // SAFETY: the caller's contract.
+    let e = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(scales.cast()) });
+    let mut sbits = _mm512_slli_epi32::<23>(e);
+    if special {
+        let zero = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
+        sbits = _mm512_mask_mov_epi32(sbits, zero, _mm512_set1_epi32(E8M0_ZERO_BITS));
+        let nan = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255));
+        sbits = _mm512_mask_mov_epi32(sbits, nan, _mm512_set1_epi32(E8M0_NAN_BITS));
+    }
+    _mm512_castsi512_ps(sbits)
+}
 
 /// The `MR × 16` AVX-512 tile: per block, `MR` int32 accumulators start at
 /// `−12·Σq` and take 8 `vpdpbusd` each (four activation bytes broadcast
@@ -78,15 +98,7 @@ pub(super) unsafe fn tile_avx512<const MR: usize, const PREFETCH: bool>(
                     *a = _mm512_dpbusd_epi32(*a, whi, hi);
                 }
             }
-            let e = _mm512_cvtepu8_epi32(_mm_loadu_si128(t.scales.as_ptr().add(b * 16).cast()));
-            let mut sbits = _mm512_slli_epi32::<23>(e);
-            if t.special {
-                let zero = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
-                sbits = _mm512_mask_mov_epi32(sbits, zero, _mm512_set1_epi32(E8M0_ZERO_BITS));
-                let nan = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255));
-                sbits = _mm512_mask_mov_epi32(sbits, nan, _mm512_set1_epi32(E8M0_NAN_BITS));
-            }
-            let ws = _mm512_castsi512_ps(sbits);
+            let ws = block_scales(t.scales.as_ptr().add(b * 16), t.special);
             scale_add(&mut facc, &acc, ws, xd, nb, b);
         }
         store_rows(&facc, out, t.rows, t.valid);

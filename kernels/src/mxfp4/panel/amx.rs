@@ -1,0 +1,137 @@
+//! The AMX build of the panel tile ([`super`], [`crate::amx`]).
+//!
+//! A panel block's 4 code lines hold, per line `v`, elements `4v..4v + 4`
+//! (low nibbles) and `16 + 4v..` (high nibbles) of the 16 rows, 4 bytes per
+//! row: looked up by `vpermb` into signed doubled E2M1 values they are the 8
+//! rows of an AMX `b` tile for the block's 32 elements (low lines first). The
+//! tile's activation rows, 32 bytes each at a stride of `cols`, are the `a`
+//! tile as they lie. A panel is decoded once ([`decode_panel`], 512 bytes a
+//! block, into a per-thread buffer) for all its row tiles; per block a tile
+//! then takes `tdpbssd` into a zeroed int32 tile and stores it, and the f32
+//! step of the VNNI tile (`acc += f32(dot) · (scale(w) · d/2)`) follows
+//! [`LAG`](crate::amx::LAG) blocks later, when the stored results have long landed: a tile
+//! store read back at once stalls on the store, and the tile unit then
+//! idles. The integer sums are the same as the VNNI tile's (exactly: `Σ w·q`
+//! here, `Σ (w + 12)·q − 12·Σq` there), so the outputs are bit for bit its.
+
+use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
+
+use super::x86::{block_scales, PREFETCH_BYTES};
+use super::{RowsQ, Tile};
+use crate::amx::{block_product, configure, panel_config, LAG, RING};
+use crate::int8_rows::x86::{scale_add, store_rows};
+use crate::int8_rows::Line;
+use crate::mxfp4::{BLOCK_ELEMS, E2M1_X2_I8};
+
+/// [`E2M1_X2_I8`] four times (`vpermb` reads 6 index bits).
+static LUT64_I8: [i8; 64] = {
+    let mut t = [0i8; 64];
+    let mut i = 0;
+    while i < 64 {
+        t[i] = E2M1_X2_I8[i % 16];
+        i += 1;
+    }
+    t
+};
+
+/// Decodes the panel's `nb` code blocks into `w` (`nb · 8` lines: one `b`
+/// tile per block), hinting the codes [`PREFETCH_BYTES`] ahead with
+/// `PREFETCH` (the decode streams the panel once, as a first row tile does).
+///
+/// # Safety
+/// AVX-512 F/BW/VBMI present; `nb · 256` code bytes at `codes`; `w` holds
+/// `nb · 8` lines.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+pub(super) unsafe fn decode_panel<const PREFETCH: bool>(codes: *const u8, nb: usize, w: *mut Line) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let lut = _mm512_loadu_si512(LUT64_I8.as_ptr().cast());
+        for b in 0..nb {
+            let cb = codes.add(b * 256);
+            let dst = w.add(8 * b).cast::<u8>();
+            for v in 0..4 {
+                if PREFETCH {
+                    // A hint: never faults, whatever the address.
+                    _mm_prefetch::<_MM_HINT_T0>(cb.wrapping_add(PREFETCH_BYTES + 64 * v).cast());
+                }
+                let pk = _mm512_load_si512(cb.add(64 * v).cast());
+                let lo = _mm512_permutexvar_epi8(pk, lut);
+                let hi = _mm512_permutexvar_epi8(_mm512_srli_epi16::<4>(pk), lut);
+                _mm512_store_si512(dst.add(64 * v).cast(), lo);
+                _mm512_store_si512(dst.add(256 + 64 * v).cast(), hi);
+            }
+        }
+    }
+}
+
+/// The f32 step of block `b` from its int32 results `c`.
+///
+/// # Safety
+/// AVX-512F present; `c` holds `MR` rows of 16 int32; `xd` the tile's
+/// `[MR, nb]` scales; 16 weight scales of block `b` in `t`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn finish<const MR: usize>(
+    facc: &mut [__m512; MR],
+    c: *const i32,
+    t: &Tile<'_>,
+    xd: *const f32,
+    b: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut acc = [_mm512_setzero_si512(); MR];
+        for (i, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_load_si512(c.add(16 * i).cast());
+        }
+        let ws = block_scales(t.scales.as_ptr().add(b * 16), t.special);
+        scale_add(facc, &acc, ws, xd, t.nb, b);
+    }
+}
+
+/// The `MR × 16` AMX tile against a decoded panel `w` ([`decode_panel`]; see
+/// the [module docs](self)).
+///
+/// # Safety
+/// [`crate::amx::available`] and AVX-512 F/BW/VBMI; `1 ≤ MR ≤ 16`; `w` holds
+/// the panel's `nb · 8` decoded lines; `xs` holds `MR` rows of the panel's
+/// width; `out` points at the tile's first output inside `[n, t.rows]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+pub(super) unsafe fn tile_amx<const MR: usize>(
+    t: &Tile<'_>,
+    w: *const Line,
+    xs: &RowsQ<'_>,
+    out: *mut f32,
+) {
+    let nb = t.nb;
+    let cols = nb * BLOCK_ELEMS;
+    debug_assert!(xs.q.len() == MR * cols && xs.d.len() == MR * nb);
+    let (xq, xd) = (xs.q.as_ptr(), xs.d.as_ptr());
+    let mut ring = MaybeUninit::<[[i32; 256]; RING]>::uninit();
+    let ring = ring.as_mut_ptr().cast::<i32>();
+    // SAFETY (whole body): AMX is available (the caller's contract) and the
+    // configuration matches the tiles used; every offset stays inside the
+    // decoded panel, its nb·16 scales, the tile's MR activation rows, or the
+    // ring, whose slot of block b is written LAG blocks before it is read
+    // and not rewritten until RING − LAG blocks after.
+    unsafe {
+        configure(&const { panel_config(MR) });
+        let mut facc = [_mm512_setzero_ps(); MR];
+        let slot = |b: usize| ring.add((b % RING) * 256);
+        for b in 0..nb + LAG {
+            if b < nb {
+                let (x, wb) = (xq.add(b * BLOCK_ELEMS), w.add(8 * b));
+                if b % 2 == 0 {
+                    block_product!("tdpbssd", 0, 2, 4, x, cols, wb, slot(b));
+                } else {
+                    block_product!("tdpbssd", 1, 3, 5, x, cols, wb, slot(b));
+                }
+            }
+            if b >= LAG {
+                finish(&mut facc, slot(b - LAG), t, xd, b - LAG);
+            }
+        }
+        store_rows(&facc, out, t.rows, t.valid);
+    }
+}
