@@ -39,7 +39,7 @@ pub(super) unsafe fn tile_amx<const MR: usize, const PREFETCH: bool>(t: &Tile<'_
     // block b is written LAG blocks before it is read and not rewritten until
     // RING − LAG blocks after.
     unsafe {
-        configure(&const { panel_config(MR) });
+        configure(MR as u32, &const { panel_config(MR) });
         let mut facc = [_mm512_setzero_ps(); MR];
         let slot = |b: usize| ring.add((b % RING) * 256);
         for b in 0..nb + LAG {
