@@ -5,14 +5,15 @@
 //! in place, and the tile's activation rows (32 bytes each at a stride of
 //! `cols`) the `a` tile. Per block `tdpbsud` (signed activations, unsigned
 //! weights) sums `Σ x·(w + 128)` into a zeroed int32 tile, which is stored;
-//! [`LAG`] blocks later the VNNI tile's f32 step follows, on `dot − 128·Σq`:
+//! [`LAG`](crate::amx::LAG) blocks later ([`crate::amx::panel_blocks`]) the
+//! VNNI tile's f32 step follows, on `dot − 128·Σq`:
 //! the same integer as the VNNI tile's, so the same outputs bit for bit.
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::{Tile, BLOCK, LINES};
-use crate::amx::{block_product, configure, panel_config, LAG, RING};
+use crate::amx::{configure, panel_blocks, panel_config, RING};
 use crate::int8_rows::x86::{scale_add, store_rows};
 
 /// How far ahead the panel's first row tile hints its lines (as the VNNI
@@ -30,7 +31,12 @@ pub(super) unsafe fn tile_amx<const MR: usize, const PREFETCH: bool>(t: &Tile<'_
     let nb = t.nb;
     let cols = nb * BLOCK;
     debug_assert!(t.xq.len() == MR * cols && t.xd.len() == MR * nb);
-    let (lines, xq, xd, xc) = (t.lines.as_ptr(), t.xq.as_ptr(), t.xd.as_ptr(), t.xc.as_ptr());
+    let (lines, xq, xd, xc) = (
+        t.lines.as_ptr(),
+        t.xq.as_ptr(),
+        t.xd.as_ptr(),
+        t.xc.as_ptr(),
+    );
     let mut ring = MaybeUninit::<[[i32; 256]; RING]>::uninit();
     let ring = ring.as_mut_ptr().cast::<i32>();
     // SAFETY (whole body): AMX is available (the caller's contract) and the
@@ -41,36 +47,35 @@ pub(super) unsafe fn tile_amx<const MR: usize, const PREFETCH: bool>(t: &Tile<'_
     unsafe {
         configure(MR as u32, &const { panel_config(MR) });
         let mut facc = [_mm512_setzero_ps(); MR];
-        let slot = |b: usize| ring.add((b % RING) * 256);
-        for b in 0..nb + LAG {
-            if b < nb {
-                let (x, blk) = (xq.add(b * BLOCK), lines.add(b * LINES * 64));
+        let blk = |b: usize| lines.add(b * LINES * 64);
+        panel_blocks!(
+            "tdpbsud",
+            nb,
+            xq,
+            cols,
+            |b| {
                 if PREFETCH {
                     for v in 0..LINES {
                         // A hint: never faults, whatever the address.
                         _mm_prefetch::<_MM_HINT_T0>(
-                            blk.wrapping_add(PREFETCH_BYTES + 64 * v).cast(),
+                            blk(b).wrapping_add(PREFETCH_BYTES + 64 * v).cast(),
                         );
                     }
                 }
-                if b % 2 == 0 {
-                    block_product!("tdpbsud", 0, 2, 4, x, cols, blk, slot(b));
-                } else {
-                    block_product!("tdpbsud", 1, 3, 5, x, cols, blk, slot(b));
-                }
-            }
-            if b >= LAG {
-                let f = b - LAG;
-                let c = slot(f);
+                blk(b)
+            },
+            ring,
+            |f| {
+                let c = ring.add((f % RING) * 256);
                 let mut acc = [_mm512_setzero_si512(); MR];
                 for (i, a) in acc.iter_mut().enumerate() {
                     let dot = _mm512_load_si512(c.add(16 * i).cast());
                     *a = _mm512_add_epi32(dot, _mm512_set1_epi32(*xc.add(i * nb + f)));
                 }
-                let ws = _mm512_load_ps(lines.add(f * LINES * 64 + 512).cast());
+                let ws = _mm512_load_ps(blk(f).add(512).cast());
                 scale_add(&mut facc, &acc, ws, xd, nb, f);
             }
-        }
+        );
         store_rows(&facc, out, t.stride, t.valid);
     }
 }

@@ -9,9 +9,7 @@
 //! block, into a per-thread buffer) for all its row tiles; per block a tile
 //! then takes `tdpbssd` into a zeroed int32 tile and stores it, and the f32
 //! step of the VNNI tile (`acc += f32(dot) · (scale(w) · d/2)`) follows
-//! [`LAG`](crate::amx::LAG) blocks later, when the stored results have long landed: a tile
-//! store read back at once stalls on the store, and the tile unit then
-//! idles. The integer sums are the same as the VNNI tile's (exactly: `Σ w·q`
+//! [`LAG`](crate::amx::LAG) blocks later ([`crate::amx::panel_blocks`]). The integer sums are the same as the VNNI tile's (exactly: `Σ w·q`
 //! here, `Σ (w + 12)·q − 12·Σq` there), so the outputs are bit for bit its.
 
 use std::arch::x86_64::*;
@@ -19,7 +17,7 @@ use std::mem::MaybeUninit;
 
 use super::x86::{block_scales, PREFETCH_BYTES};
 use super::{RowsQ, Tile};
-use crate::amx::{block_product, configure, panel_config, LAG, RING};
+use crate::amx::{configure, panel_blocks, panel_config, RING};
 use crate::int8_rows::x86::{scale_add, store_rows};
 use crate::int8_rows::Line;
 use crate::mxfp4::{BLOCK_ELEMS, E2M1_X2_I8};
@@ -35,32 +33,53 @@ static LUT64_I8: [i8; 64] = {
     t
 };
 
+/// Blocks a tile decoding its own weights (`INLINE` in [`tile_amx`])
+/// decodes ahead of its products, so that a tile load never waits on the
+/// decode's stores.
+const LEAD: usize = 2;
+
+/// Decoded-weight buffers of an inline tile (a power of two above
+/// [`LEAD`]).
+const WRING: usize = 4;
+
+/// Decodes code block `b` of a panel into `dst` (8 lines: one `b` tile),
+/// hinting the codes [`PREFETCH_BYTES`] ahead.
+///
+/// # Safety
+/// AVX-512 F/BW/VBMI present; 256 code bytes at `codes + 256 b`; `dst`
+/// writable for 8 lines.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn decode_block(codes: *const u8, b: usize, lut: __m512i, dst: *mut Line) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let cb = codes.add(b * 256);
+        let dst = dst.cast::<u8>();
+        for v in 0..4 {
+            // A hint: never faults, whatever the address.
+            _mm_prefetch::<_MM_HINT_T0>(cb.wrapping_add(PREFETCH_BYTES + 64 * v).cast());
+            let pk = _mm512_load_si512(cb.add(64 * v).cast());
+            let lo = _mm512_permutexvar_epi8(pk, lut);
+            let hi = _mm512_permutexvar_epi8(_mm512_srli_epi16::<4>(pk), lut);
+            _mm512_store_si512(dst.add(64 * v).cast(), lo);
+            _mm512_store_si512(dst.add(256 + 64 * v).cast(), hi);
+        }
+    }
+}
+
 /// Decodes the panel's `nb` code blocks into `w` (`nb · 8` lines: one `b`
-/// tile per block), hinting the codes [`PREFETCH_BYTES`] ahead with
-/// `PREFETCH` (the decode streams the panel once, as a first row tile does).
+/// tile per block).
 ///
 /// # Safety
 /// AVX-512 F/BW/VBMI present; `nb · 256` code bytes at `codes`; `w` holds
 /// `nb · 8` lines.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-pub(super) unsafe fn decode_panel<const PREFETCH: bool>(codes: *const u8, nb: usize, w: *mut Line) {
+pub(super) unsafe fn decode_panel(codes: *const u8, nb: usize, w: *mut Line) {
     // SAFETY: the caller's contract.
     unsafe {
         let lut = _mm512_loadu_si512(LUT64_I8.as_ptr().cast());
         for b in 0..nb {
-            let cb = codes.add(b * 256);
-            let dst = w.add(8 * b).cast::<u8>();
-            for v in 0..4 {
-                if PREFETCH {
-                    // A hint: never faults, whatever the address.
-                    _mm_prefetch::<_MM_HINT_T0>(cb.wrapping_add(PREFETCH_BYTES + 64 * v).cast());
-                }
-                let pk = _mm512_load_si512(cb.add(64 * v).cast());
-                let lo = _mm512_permutexvar_epi8(pk, lut);
-                let hi = _mm512_permutexvar_epi8(_mm512_srli_epi16::<4>(pk), lut);
-                _mm512_store_si512(dst.add(64 * v).cast(), lo);
-                _mm512_store_si512(dst.add(256 + 64 * v).cast(), hi);
-            }
+            decode_block(codes, b, lut, w.add(8 * b));
         }
     }
 }
@@ -90,15 +109,20 @@ unsafe fn finish<const MR: usize>(
     }
 }
 
-/// The `MR × 16` AMX tile against a decoded panel `w` ([`decode_panel`]; see
-/// the [module docs](self)).
+/// The `MR × 16` AMX tile (see the [module docs](self)). Its `b` tiles are
+/// the panel decoded beforehand, `w` ([`decode_panel`]: for the row tiles of
+/// a prefill, which share it), or with `INLINE` (a panel's only row tile, in
+/// decode batches; `w` unused) decoded by the tile itself [`LEAD`] blocks
+/// ahead, so that the code loads from memory overlap the products as in the
+/// VNNI tile.
 ///
 /// # Safety
-/// [`crate::amx::available`] and AVX-512 F/BW/VBMI; `1 ≤ MR ≤ 16`; `w` holds
-/// the panel's `nb · 8` decoded lines; `xs` holds `MR` rows of the panel's
-/// width; `out` points at the tile's first output inside `[n, t.rows]`.
+/// [`crate::amx::available`] and AVX-512 F/BW/VBMI; `1 ≤ MR ≤ 16`; without
+/// `INLINE`, `w` holds the panel's `nb · 8` decoded lines; `xs` holds `MR`
+/// rows of the panel's width; `out` points at the tile's first output inside
+/// `[n, t.rows]`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-pub(super) unsafe fn tile_amx<const MR: usize>(
+pub(super) unsafe fn tile_amx<const MR: usize, const INLINE: bool>(
     t: &Tile<'_>,
     w: *const Line,
     xs: &RowsQ<'_>,
@@ -108,30 +132,46 @@ pub(super) unsafe fn tile_amx<const MR: usize>(
     let cols = nb * BLOCK_ELEMS;
     debug_assert!(xs.q.len() == MR * cols && xs.d.len() == MR * nb);
     let (xq, xd) = (xs.q.as_ptr(), xs.d.as_ptr());
+    let codes = t.code_bytes().as_ptr();
     let mut ring = MaybeUninit::<[[i32; 256]; RING]>::uninit();
     let ring = ring.as_mut_ptr().cast::<i32>();
+    let mut wring = MaybeUninit::<[Line; 8 * WRING]>::uninit();
+    let wring = wring.as_mut_ptr().cast::<Line>();
     // SAFETY (whole body): AMX is available (the caller's contract) and the
     // configuration matches the tiles used; every offset stays inside the
-    // decoded panel, its nb·16 scales, the tile's MR activation rows, or the
-    // ring, whose slot of block b is written LAG blocks before it is read
-    // and not rewritten until RING − LAG blocks after.
+    // panel's codes and nb·16 scales, the decoded panel, the tile's MR
+    // activation rows, or the rings. The result slot of block b is written
+    // LAG blocks before it is read and not rewritten until RING − LAG blocks
+    // after; an inline decode of block b is written LEAD blocks before its
+    // tile load and not rewritten until WRING − LEAD blocks after.
     unsafe {
         configure(MR as u32, &const { panel_config(MR) });
+        let lut = _mm512_loadu_si512(LUT64_I8.as_ptr().cast());
         let mut facc = [_mm512_setzero_ps(); MR];
-        let slot = |b: usize| ring.add((b % RING) * 256);
-        for b in 0..nb + LAG {
-            if b < nb {
-                let (x, wb) = (xq.add(b * BLOCK_ELEMS), w.add(8 * b));
-                if b % 2 == 0 {
-                    block_product!("tdpbssd", 0, 2, 4, x, cols, wb, slot(b));
-                } else {
-                    block_product!("tdpbssd", 1, 3, 5, x, cols, wb, slot(b));
-                }
-            }
-            if b >= LAG {
-                finish(&mut facc, slot(b - LAG), t, xd, b - LAG);
+        let wslot = |b: usize| wring.add((b % WRING) * 8);
+        if INLINE {
+            for b in 0..LEAD.min(nb) {
+                decode_block(codes, b, lut, wslot(b));
             }
         }
+        panel_blocks!(
+            "tdpbssd",
+            nb,
+            xq,
+            cols,
+            |b| {
+                if INLINE {
+                    if b + LEAD < nb {
+                        decode_block(codes, b + LEAD, lut, wslot(b + LEAD));
+                    }
+                    wslot(b).cast()
+                } else {
+                    w.add(8 * b).cast()
+                }
+            },
+            ring,
+            |f| { finish(&mut facc, ring.add((f % RING) * 256), t, xd, f) }
+        );
         store_rows(&facc, out, t.rows, t.valid);
     }
 }

@@ -435,8 +435,8 @@ impl Tile<'_> {
     }
 
     /// The activation rows of AMX tiles (all but fewer than [`AMX_MIN_ROWS`]
-    /// left over) against this panel, decoded once for them; returns the
-    /// rows done.
+    /// left over) against this panel; returns the rows done. One row tile
+    /// decodes the weights as it goes; several share the panel decoded once.
     #[cfg(target_arch = "x86_64")]
     fn rows_amx(&self, q: &QuantRows, n: usize, mr: usize, out: OutPtr) -> usize {
         thread_local! {
@@ -444,11 +444,7 @@ impl Tile<'_> {
         }
         let nb = self.nb;
         let cols = nb * BLOCK_ELEMS;
-        crate::threads::with_local(&DECODED, |w| {
-            w.resize(nb * 8, Line([0; 64]));
-            // SAFETY: AMX (and the VNNI tile's features) are present: the
-            // kernel is supported (asserted by the callers); w holds nb·8 lines.
-            unsafe { amx::decode_panel::<true>(self.code_bytes().as_ptr(), nb, w.as_mut_ptr()) };
+        let tiles = |inline: bool, w: *const Line| {
             let mut i = 0;
             while n - i >= AMX_MIN_ROWS {
                 let m = (n - i).min(mr);
@@ -457,13 +453,15 @@ impl Tile<'_> {
                     d: &q.d[i * nb..(i + m) * nb],
                     c: &q.c[i * nb..(i + m) * nb],
                 };
-                // SAFETY: as in rows_tile; w is the decoded panel.
+                // SAFETY: as in rows_tile (the kernel is supported: asserted by
+                // the callers); a decoded panel holds nb·8 lines.
                 unsafe {
                     let o = out.get().add(i * self.rows + self.col0);
                     macro_rules! by_rows {
                         ($($mr:literal)*) => {
-                            match m {
-                                $($mr => amx::tile_amx::<$mr>(self, w.as_ptr(), &xs, o),)*
+                            match (m, inline) {
+                                $(($mr, true) => amx::tile_amx::<$mr, true>(self, w, &xs, o),
+                                  ($mr, false) => amx::tile_amx::<$mr, false>(self, w, &xs, o),)*
                                 _ => unreachable!("AMX tiles are {AMX_MIN_ROWS}..={MR_AMX} rows"),
                             }
                         };
@@ -473,6 +471,15 @@ impl Tile<'_> {
                 i += m;
             }
             i
+        };
+        if n <= mr {
+            return tiles(true, std::ptr::null());
+        }
+        crate::threads::with_local(&DECODED, |w| {
+            w.resize(nb * 8, Line([0; 64]));
+            // SAFETY: as above; w holds nb·8 lines.
+            unsafe { amx::decode_panel(self.code_bytes().as_ptr(), nb, w.as_mut_ptr()) };
+            tiles(false, w.as_ptr())
         })
     }
 
