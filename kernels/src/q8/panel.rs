@@ -25,7 +25,9 @@
 //!
 //! Built where the CPU has AVX-512 VNNI (where it does not, the int8 mode of
 //! [`super::matmul_q8_0`] runs its f32 path, and a Q8_0 matrix keeps its row
-//! layout). The portable tile does the same integer sums and f32 operations
+//! layout); with AMX-INT8 ([`crate::amx`]) tiles of 6 rows or more run on
+//! the tile unit, the 8 code lines of a block loaded in place as its `b`
+//! tile. The portable tile does the same integer sums and f32 operations
 //! per output, so the two builds agree bit for bit; both equal the exact
 //! product of the decoded weights and the rounded activations up to f32
 //! rounding of the per-block terms (see the tests).

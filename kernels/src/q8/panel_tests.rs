@@ -88,23 +88,25 @@ fn simd_and_portable_tiles_agree_bit_for_bit() {
         eprintln!("no AVX-512 VNNI here: only the portable tile runs");
         return;
     }
-    let (rows, cols) = (53, 576);
-    let (q, d) = matrix(rows, cols);
-    let p = Q8Panels::pack(&q, &d, rows, cols).unwrap();
-    for n in (1..=17).chain([20, 35]) {
-        let x: Vec<f32> = values(n as u64, n * cols);
-        let (mut a, mut b) = (vec![0.0; n * rows], vec![0.0; n * rows]);
-        p.matmul_with(Q8PanelKernel::Avx512Vnni, &x, n, &mut a);
-        p.matmul_with(Q8PanelKernel::Portable, &x, n, &mut b);
-        assert_eq!(a, b, "n {n}");
-        if Q8PanelKernel::Amx.supported() {
-            let mut t = vec![0.0; n * rows];
-            p.matmul_with(Q8PanelKernel::Amx, &x, n, &mut t);
-            assert_eq!(t, b, "n {n}: the AMX tile");
+    // Block counts 1, 3 and 18 (fewer blocks than the AMX tile's lag, odd, even).
+    for (rows, cols, ns) in [(53, 576, 1..=17), (20, 32, 5..=9), (33, 96, 5..=9)] {
+        let (q, d) = matrix(rows, cols);
+        let p = Q8Panels::pack(&q, &d, rows, cols).unwrap();
+        for n in ns.chain([20, 35]) {
+            let x: Vec<f32> = values(n as u64, n * cols);
+            let (mut a, mut b) = (vec![0.0; n * rows], vec![0.0; n * rows]);
+            p.matmul_with(Q8PanelKernel::Avx512Vnni, &x, n, &mut a);
+            p.matmul_with(Q8PanelKernel::Portable, &x, n, &mut b);
+            assert_eq!(a, b, "n {n}");
+            if Q8PanelKernel::Amx.supported() {
+                let mut t = vec![0.0; n * rows];
+                p.matmul_with(Q8PanelKernel::Amx, &x, n, &mut t);
+                assert_eq!(t, b, "n {n}: the AMX tile");
+            }
+            let mut best = vec![0.0; n * rows];
+            p.matmul(&x, n, &mut best);
+            assert_eq!(best, a, "n {n}: matmul runs the best tile");
         }
-        let mut best = vec![0.0; n * rows];
-        p.matmul(&x, n, &mut best);
-        assert_eq!(best, a, "n {n}: matmul runs the best tile");
     }
 }
 

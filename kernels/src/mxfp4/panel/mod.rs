@@ -31,11 +31,14 @@
 //!   all activation rows against its panels, which stay in L1/L2 while the
 //!   rows stream past.
 //!
-//! Kernels ([`PanelKernel`]): AVX-512 F/BW/VNNI/VBMI, AVX2 (`vpmaddubsw` +
-//! `vpmaddwd`, exact since `24·127·2 < 2¹⁵`) and portable Rust. All three do
-//! the same integer sums and the same f32 operations per output, so their
-//! results are bit-identical; the error against the exact product is the
-//! bound stated on [`super::matmul_mxfp4_q8`].
+//! Kernels ([`PanelKernel`]): AMX-INT8 tiles from [`AMX_MIN_ROWS`] activation
+//! rows on ([`crate::amx`]: a panel block is one `b` tile once looked up, the
+//! activation rows the `a` tile in place, 16 rows a tile), AVX-512
+//! F/BW/VNNI/VBMI, AVX2 (`vpmaddubsw` + `vpmaddwd`, exact since
+//! `24·127·2 < 2¹⁵`) and portable Rust. All of them do the same integer sums
+//! and the same f32 operations per output, so their results are
+//! bit-identical; the error against the exact product is the bound stated on
+//! [`super::matmul_mxfp4_q8`].
 
 use super::{check_layout, BLOCK_BYTES, BLOCK_ELEMS, E2M1_X2_U8, E8M0_TABLE, ZERO_BLOCK_SCALE};
 use crate::error::Result;
