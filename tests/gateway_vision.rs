@@ -45,7 +45,7 @@ async fn images_are_encoded_once_and_their_span_is_cached() {
         server.addr,
         "POST",
         "/v1/chat/completions",
-        &chat_with(&[a.clone()], "What is this?"),
+        &chat_with(std::slice::from_ref(&a), "What is this?"),
     )
     .await;
     assert_eq!(status, 200, "{first}");
@@ -74,7 +74,7 @@ async fn images_are_encoded_once_and_their_span_is_cached() {
         server.addr,
         "POST",
         "/v1/chat/completions",
-        &chat_with(&[a.clone()], "What is this?"),
+        &chat_with(std::slice::from_ref(&a), "What is this?"),
     )
     .await;
     assert_eq!(status, 200, "{again}");
@@ -102,7 +102,7 @@ async fn images_are_encoded_once_and_their_span_is_cached() {
         server.addr,
         "POST",
         "/v1/chat/completions",
-        &chat_with(&[b.clone()], "What is this?"),
+        &chat_with(std::slice::from_ref(&b), "What is this?"),
     )
     .await;
     assert_eq!(status, 200, "{other}");

@@ -400,7 +400,7 @@ proptest! {
         while submitted < total || s.has_work() {
             guard += 1;
             prop_assert!(guard < 20_000, "scheduler made no progress");
-            if submitted < total && rng.next_u64() % 3 == 0 {
+            if submitted < total && rng.next_u64().is_multiple_of(3) {
                 let base = &bases[(rng.next_u64() % 3) as usize];
                 let keep = 1 + (rng.next_u64() % 30) as usize;
                 let mut prompt = base[..keep].to_vec();
@@ -416,14 +416,14 @@ proptest! {
             for slot in receivers.iter_mut() {
                 if let Some(rx) = slot {
                     while rx.try_recv().is_ok() {}
-                    if rng.next_u64() % 40 == 0 {
+                    if rng.next_u64().is_multiple_of(40) {
                         *slot = None;
                     }
                 }
             }
             s.step();
         }
-        s.memory().check_quiescent().map_err(|e| TestCaseError::fail(e))?;
+        s.memory().check_quiescent().map_err(TestCaseError::fail)?;
         prop_assert_eq!(s.stats().running, 0);
     }
 }

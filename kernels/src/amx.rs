@@ -177,30 +177,30 @@ macro_rules! panel_blocks {
         let (x, cols, ring): (*const u8, usize, *mut i32) = ($x, $cols, $ring);
         let slot = |b: usize| ring.add((b % RING) * 256);
         macro_rules! product {
-                    ($c:literal, $a:literal, $wt:literal, $xb:expr, $wb:expr) => {
-                        std::arch::asm!(
-                            concat!("tilezero tmm", $c),
-                            concat!("tileloadd tmm", $a, ", [{x} + {cols}]"),
-                            concat!("tileloadd tmm", $wt, ", [{w} + {s64}]"),
-                            concat!($op, " tmm", $c, ", tmm", $a, ", tmm", $wt),
-                            x = in(reg) $xb,
-                            cols = in(reg) cols,
-                            w = in(reg) $wb,
-                            s64 = in(reg) 64usize,
-                            options(nostack),
-                        )
-                    };
-                }
+                        ($c:literal, $a:literal, $wt:literal, $xb:expr, $wb:expr) => {
+                            std::arch::asm!(
+                                concat!("tilezero tmm", $c),
+                                concat!("tileloadd tmm", $a, ", [{x} + {cols}]"),
+                                concat!("tileloadd tmm", $wt, ", [{w} + {s64}]"),
+                                concat!($op, " tmm", $c, ", tmm", $a, ", tmm", $wt),
+                                x = in(reg) $xb,
+                                cols = in(reg) cols,
+                                w = in(reg) $wb,
+                                s64 = in(reg) 64usize,
+                                options(nostack),
+                            )
+                        };
+                    }
         macro_rules! store {
-                    ($c:literal, $cb:expr) => {
-                        std::arch::asm!(
-                            concat!("tilestored [{c} + {s64}], tmm", $c),
-                            c = in(reg) $cb,
-                            s64 = in(reg) 64usize,
-                            options(nostack),
-                        )
-                    };
-                }
+                        ($c:literal, $cb:expr) => {
+                            std::arch::asm!(
+                                concat!("tilestored [{c} + {s64}], tmm", $c),
+                                c = in(reg) $cb,
+                                s64 = in(reg) 64usize,
+                                options(nostack),
+                            )
+                        };
+                    }
         let store_block = |p: usize| match p % 4 {
             0 => store!(0, slot(p)),
             1 => store!(1, slot(p)),

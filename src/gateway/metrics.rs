@@ -341,33 +341,6 @@ pub fn resident_memory_bytes() -> Option<u64> {
     u64::try_from(page).ok().map(|p| pages * p)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn histogram_buckets_are_cumulative() {
-        let m = Metrics::default();
-        m.ttft.observe(0.003);
-        m.ttft.observe(0.2);
-        m.ttft.observe(100.0);
-        m.request(Endpoint::Completions);
-        let text = m.render(&EngineSnapshot::default());
-        assert!(text.contains("caracal_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n"));
-        assert!(text.contains("caracal_time_to_first_token_seconds_bucket{le=\"0.25\"} 2\n"));
-        assert!(text.contains("caracal_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n"));
-        assert!(text.contains("caracal_time_to_first_token_seconds_count 3\n"));
-        assert!(text.contains("caracal_requests_total{endpoint=\"completions\"} 1\n"));
-        // Linux: the resident set of this test process, at least a few pages.
-        let rss = text
-            .lines()
-            .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
-            .and_then(|v| v.parse::<u64>().ok())
-            .expect("the RSS gauge");
-        assert!(rss >= 1 << 20, "{rss}");
-    }
-}
-
 /// The vision encoder's counters (servers whose model takes images).
 pub fn render_vision(out: &mut String, v: &caracal_actors::vision::VisionStats) {
     counter(
@@ -406,4 +379,31 @@ pub fn render_vision(out: &mut String, v: &caracal_actors::vision::VisionStats) 
         "Bytes of embeddings held by the encoder cache.",
         v.bytes_cached,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let m = Metrics::default();
+        m.ttft.observe(0.003);
+        m.ttft.observe(0.2);
+        m.ttft.observe(100.0);
+        m.request(Endpoint::Completions);
+        let text = m.render(&EngineSnapshot::default());
+        assert!(text.contains("caracal_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n"));
+        assert!(text.contains("caracal_time_to_first_token_seconds_bucket{le=\"0.25\"} 2\n"));
+        assert!(text.contains("caracal_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n"));
+        assert!(text.contains("caracal_time_to_first_token_seconds_count 3\n"));
+        assert!(text.contains("caracal_requests_total{endpoint=\"completions\"} 1\n"));
+        // Linux: the resident set of this test process, at least a few pages.
+        let rss = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+            .and_then(|v| v.parse::<u64>().ok())
+            .expect("the RSS gauge");
+        assert!(rss >= 1 << 20, "{rss}");
+    }
 }
