@@ -151,6 +151,41 @@ pub(crate) const LAG: usize = 4;
 /// Result buffers in a panel kernel's ring (a power of two above [`LAG`]).
 pub(crate) const RING: usize = 8;
 
+/// One block's product in [`panel_blocks`]: zero tile `$c`, load `$a` from
+/// `$x` (rows `$cols` bytes apart) and `$w` from `$wb` (rows 64 bytes
+/// apart), `$op` them into `$c`.
+macro_rules! tile_product {
+    ($op:literal, $c:literal, $a:literal, $w:literal, $x:expr, $cols:expr, $wb:expr) => {
+        std::arch::asm!(
+            concat!("tilezero tmm", $c),
+            concat!("tileloadd tmm", $a, ", [{x} + {cols}]"),
+            concat!("tileloadd tmm", $w, ", [{w} + {s64}]"),
+            concat!($op, " tmm", $c, ", tmm", $a, ", tmm", $w),
+            x = in(reg) $x,
+            cols = in(reg) $cols,
+            w = in(reg) $wb,
+            s64 = in(reg) 64usize,
+            options(nostack),
+        )
+    };
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use tile_product;
+
+/// Stores tile `$c` to `$cb` (rows 64 bytes apart), in [`panel_blocks`].
+macro_rules! tile_store {
+    ($c:literal, $cb:expr) => {
+        std::arch::asm!(
+            concat!("tilestored [{c} + {s64}], tmm", $c),
+            c = in(reg) $cb,
+            s64 = in(reg) 64usize,
+            options(nostack),
+        )
+    };
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use tile_store;
+
 /// The tile part of a panel kernel ([`panel_config`]) over `$nb` blocks of
 /// 32: for block `$b`, zero its result tile, load the activation rows
 /// (`$x + 32 b`, stride `$cols`) and the weight tile `$w` (an expression of
@@ -176,44 +211,19 @@ macro_rules! panel_blocks {
         let nb: usize = $nb;
         let (x, cols, ring): (*const u8, usize, *mut i32) = ($x, $cols, $ring);
         let slot = |b: usize| ring.add((b % RING) * 256);
-        macro_rules! product {
-                        ($c:literal, $a:literal, $wt:literal, $xb:expr, $wb:expr) => {
-                            std::arch::asm!(
-                                concat!("tilezero tmm", $c),
-                                concat!("tileloadd tmm", $a, ", [{x} + {cols}]"),
-                                concat!("tileloadd tmm", $wt, ", [{w} + {s64}]"),
-                                concat!($op, " tmm", $c, ", tmm", $a, ", tmm", $wt),
-                                x = in(reg) $xb,
-                                cols = in(reg) cols,
-                                w = in(reg) $wb,
-                                s64 = in(reg) 64usize,
-                                options(nostack),
-                            )
-                        };
-                    }
-        macro_rules! store {
-                        ($c:literal, $cb:expr) => {
-                            std::arch::asm!(
-                                concat!("tilestored [{c} + {s64}], tmm", $c),
-                                c = in(reg) $cb,
-                                s64 = in(reg) 64usize,
-                                options(nostack),
-                            )
-                        };
-                    }
         let store_block = |p: usize| match p % 4 {
-            0 => store!(0, slot(p)),
-            1 => store!(1, slot(p)),
-            2 => store!(6, slot(p)),
-            _ => store!(7, slot(p)),
+            0 => $crate::amx::tile_store!(0, slot(p)),
+            1 => $crate::amx::tile_store!(1, slot(p)),
+            2 => $crate::amx::tile_store!(6, slot(p)),
+            _ => $crate::amx::tile_store!(7, slot(p)),
         };
         for $b in 0..nb {
             let (xb, wb): (*const u8, *const u8) = (x.add($b * 32), $w);
             match $b % 4 {
-                0 => product!(0, 2, 4, xb, wb),
-                1 => product!(1, 3, 5, xb, wb),
-                2 => product!(6, 2, 4, xb, wb),
-                _ => product!(7, 3, 5, xb, wb),
+                0 => $crate::amx::tile_product!($op, 0, 2, 4, xb, cols, wb),
+                1 => $crate::amx::tile_product!($op, 1, 3, 5, xb, cols, wb),
+                2 => $crate::amx::tile_product!($op, 6, 2, 4, xb, cols, wb),
+                _ => $crate::amx::tile_product!($op, 7, 3, 5, xb, cols, wb),
             }
             if $b >= 2 {
                 store_block($b - 2);

@@ -41,9 +41,9 @@ pub(super) unsafe fn tile_amx<const MR: usize, const PREFETCH: bool>(t: &Tile<'_
     let ring = ring.as_mut_ptr().cast::<i32>();
     // SAFETY (whole body): AMX is available (the caller's contract) and the
     // configuration matches the tiles used; offsets stay inside the panel's
-    // nb·9 lines, the tile's MR activation rows, or the ring, whose slot of
-    // block b is written LAG blocks before it is read and not rewritten until
-    // RING − LAG blocks after.
+    // nb·9 lines, the tile's MR activation rows, or the ring (panel_blocks: a
+    // slot is stored two blocks after its product, read LAG after it, reused
+    // RING after it).
     unsafe {
         configure(MR as u32, &const { panel_config(MR) });
         let mut facc = [_mm512_setzero_ps(); MR];

@@ -5,12 +5,14 @@
 //! row: looked up by `vpermb` into signed doubled E2M1 values they are the 8
 //! rows of an AMX `b` tile for the block's 32 elements (low lines first). The
 //! tile's activation rows, 32 bytes each at a stride of `cols`, are the `a`
-//! tile as they lie. A panel is decoded once ([`decode_panel`], 512 bytes a
-//! block, into a per-thread buffer) for all its row tiles; per block a tile
-//! then takes `tdpbssd` into a zeroed int32 tile and stores it, and the f32
-//! step of the VNNI tile (`acc += f32(dot) · (scale(w) · d/2)`) follows
-//! [`LAG`](crate::amx::LAG) blocks later ([`crate::amx::panel_blocks`]). The integer sums are the same as the VNNI tile's (exactly: `Σ w·q`
-//! here, `Σ (w + 12)·q − 12·Σq` there), so the outputs are bit for bit its.
+//! tile as they lie. The row tiles of a prefill share the panel decoded once
+//! ([`decode_panel`], 512 bytes a block, into a per-thread buffer); a panel's
+//! only row tile (a decode batch) decodes as it goes, [`LEAD`] blocks ahead.
+//! Per block, `tdpbssd` into a zeroed int32 tile, stored to memory, then the
+//! f32 step of the VNNI tile (`acc += f32(dot) · (scale(w) · d/2)`), in the
+//! pipeline of [`crate::amx::panel_blocks`]. The integer sums are the VNNI
+//! tile's (exactly: `Σ w·q` here, `Σ (w + 12)·q − 12·Σq` there), so the
+//! outputs are bit for bit its.
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -140,10 +142,10 @@ pub(super) unsafe fn tile_amx<const MR: usize, const INLINE: bool>(
     // SAFETY (whole body): AMX is available (the caller's contract) and the
     // configuration matches the tiles used; every offset stays inside the
     // panel's codes and nb·16 scales, the decoded panel, the tile's MR
-    // activation rows, or the rings. The result slot of block b is written
-    // LAG blocks before it is read and not rewritten until RING − LAG blocks
-    // after; an inline decode of block b is written LEAD blocks before its
-    // tile load and not rewritten until WRING − LEAD blocks after.
+    // activation rows, or the rings (panel_blocks: a result slot is stored
+    // two blocks after its product, read LAG after it, reused RING after it);
+    // an inline decode of block b is written LEAD blocks before its tile load
+    // and not rewritten until WRING − LEAD blocks after.
     unsafe {
         configure(MR as u32, &const { panel_config(MR) });
         let lut = _mm512_loadu_si512(LUT64_I8.as_ptr().cast());
