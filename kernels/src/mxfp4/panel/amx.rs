@@ -5,9 +5,8 @@
 //! row: looked up by `vpermb` into signed doubled E2M1 values they are the 8
 //! rows of an AMX `b` tile for the block's 32 elements (low lines first). The
 //! tile's activation rows, 32 bytes each at a stride of `cols`, are the `a`
-//! tile as they lie. The row tiles of a prefill share the panel decoded once
-//! ([`decode_panel`], 512 bytes a block, into a per-thread buffer); a panel's
-//! only row tile (a decode batch) decodes as it goes, [`LEAD`] blocks ahead.
+//! tile as they lie. The tile (a decode batch's one row tile per panel)
+//! decodes the codes as it goes, [`LEAD`] blocks ahead, into a small ring.
 //! Per block, `tdpbssd` into a zeroed int32 tile, stored to memory, then the
 //! f32 step of the VNNI tile (`acc += f32(dot) · (scale(w) · d/2)`), in the
 //! pipeline of [`crate::amx::panel_blocks`]. The integer sums are the VNNI
@@ -35,13 +34,11 @@ static LUT64_I8: [i8; 64] = {
     t
 };
 
-/// Blocks a tile decoding its own weights (`INLINE` in [`tile_amx`])
-/// decodes ahead of its products, so that a tile load never waits on the
-/// decode's stores.
+/// Blocks the tile decodes ahead of its products, so that a tile load never
+/// waits on the decode's stores.
 const LEAD: usize = 2;
 
-/// Decoded-weight buffers of an inline tile (a power of two above
-/// [`LEAD`]).
+/// Decoded-weight buffers of a tile (a power of two above [`LEAD`]).
 const WRING: usize = 4;
 
 /// Decodes code block `b` of a panel into `dst` (8 lines: one `b` tile),
@@ -65,23 +62,6 @@ unsafe fn decode_block(codes: *const u8, b: usize, lut: __m512i, dst: *mut Line)
             let hi = _mm512_permutexvar_epi8(_mm512_srli_epi16::<4>(pk), lut);
             _mm512_store_si512(dst.add(64 * v).cast(), lo);
             _mm512_store_si512(dst.add(256 + 64 * v).cast(), hi);
-        }
-    }
-}
-
-/// Decodes the panel's `nb` code blocks into `w` (`nb · 8` lines: one `b`
-/// tile per block).
-///
-/// # Safety
-/// AVX-512 F/BW/VBMI present; `nb · 256` code bytes at `codes`; `w` holds
-/// `nb · 8` lines.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-pub(super) unsafe fn decode_panel(codes: *const u8, nb: usize, w: *mut Line) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let lut = _mm512_loadu_si512(LUT64_I8.as_ptr().cast());
-        for b in 0..nb {
-            decode_block(codes, b, lut, w.add(8 * b));
         }
     }
 }
@@ -111,25 +91,16 @@ unsafe fn finish<const MR: usize>(
     }
 }
 
-/// The `MR × 16` AMX tile (see the [module docs](self)). Its `b` tiles are
-/// the panel decoded beforehand, `w` ([`decode_panel`]: for the row tiles of
-/// a prefill, which share it), or with `INLINE` (a panel's only row tile, in
-/// decode batches; `w` unused) decoded by the tile itself [`LEAD`] blocks
-/// ahead, so that the code loads from memory overlap the products as in the
-/// VNNI tile.
+/// The `MR × 16` AMX tile (see the [module docs](self)): a panel's only row
+/// tile, decoding its `b` tiles [`LEAD`] blocks ahead, so that the code loads
+/// from memory overlap the products as in the VNNI tile.
 ///
 /// # Safety
-/// [`crate::amx::available`] and AVX-512 F/BW/VBMI; `1 ≤ MR ≤ 16`; without
-/// `INLINE`, `w` holds the panel's `nb · 8` decoded lines; `xs` holds `MR`
-/// rows of the panel's width; `out` points at the tile's first output inside
-/// `[n, t.rows]`.
+/// [`crate::amx::available`] and AVX-512 F/BW/VBMI; `1 ≤ MR ≤ 16`; `xs`
+/// holds `MR` rows of the panel's width; `out` points at the tile's first
+/// output inside `[n, t.rows]`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-pub(super) unsafe fn tile_amx<const MR: usize, const INLINE: bool>(
-    t: &Tile<'_>,
-    w: *const Line,
-    xs: &RowsQ<'_>,
-    out: *mut f32,
-) {
+pub(super) unsafe fn tile_amx<const MR: usize>(t: &Tile<'_>, xs: &RowsQ<'_>, out: *mut f32) {
     let nb = t.nb;
     let cols = nb * BLOCK_ELEMS;
     debug_assert!(xs.q.len() == MR * cols && xs.d.len() == MR * nb);
@@ -141,7 +112,7 @@ pub(super) unsafe fn tile_amx<const MR: usize, const INLINE: bool>(
     let wring = wring.as_mut_ptr().cast::<Line>();
     // SAFETY (whole body): AMX is available (the caller's contract) and the
     // configuration matches the tiles used; every offset stays inside the
-    // panel's codes and nb·16 scales, the decoded panel, the tile's MR
+    // panel's codes and nb·16 scales, the tile's MR
     // activation rows, or the rings (panel_blocks: a result slot is stored
     // two blocks after its product, read LAG after it, reused RING after it);
     // an inline decode of block b is written LEAD blocks before its tile load
@@ -151,10 +122,8 @@ pub(super) unsafe fn tile_amx<const MR: usize, const INLINE: bool>(
         let lut = _mm512_loadu_si512(LUT64_I8.as_ptr().cast());
         let mut facc = [_mm512_setzero_ps(); MR];
         let wslot = |b: usize| wring.add((b % WRING) * 8);
-        if INLINE {
-            for b in 0..LEAD.min(nb) {
-                decode_block(codes, b, lut, wslot(b));
-            }
+        for b in 0..LEAD.min(nb) {
+            decode_block(codes, b, lut, wslot(b));
         }
         panel_blocks!(
             "tdpbssd",
@@ -162,14 +131,10 @@ pub(super) unsafe fn tile_amx<const MR: usize, const INLINE: bool>(
             xq,
             cols,
             |b| {
-                if INLINE {
-                    if b + LEAD < nb {
-                        decode_block(codes, b + LEAD, lut, wslot(b + LEAD));
-                    }
-                    wslot(b).cast()
-                } else {
-                    w.add(8 * b).cast()
+                if b + LEAD < nb {
+                    decode_block(codes, b + LEAD, lut, wslot(b + LEAD));
                 }
+                wslot(b).cast()
             },
             ring,
             |f| { finish(&mut facc, ring.add((f % RING) * 256), t, xd, f) }

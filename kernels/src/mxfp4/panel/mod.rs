@@ -31,9 +31,9 @@
 //!   all activation rows against its panels, which stay in L1/L2 while the
 //!   rows stream past.
 //!
-//! Kernels ([`PanelKernel`]): AMX-INT8 tiles from [`AMX_MIN_ROWS`] activation
-//! rows on ([`crate::amx`]: a panel block is one `b` tile once looked up, the
-//! activation rows the `a` tile in place, 16 rows a tile), AVX-512
+//! Kernels ([`PanelKernel`]): AMX-INT8 tiles for decode batches of
+//! [`AMX_MIN_ROWS`]..=16 rows ([`crate::amx`]: a panel block is one `b` tile
+//! once looked up, the activation rows the `a` tile in place), AVX-512
 //! F/BW/VNNI/VBMI, AVX2 (`vpmaddubsw` + `vpmaddwd`, exact since
 //! `24·127·2 < 2¹⁵`) and portable Rust. All of them do the same integer sums
 //! and the same f32 operations per output, so their results are
@@ -67,17 +67,21 @@ const MR_AVX512: usize = 8;
 /// Activation rows per AMX tile: a tile register's 16 rows.
 const MR_AMX: usize = 16;
 
-/// Below this many rows an AMX tile spends more on storing and reloading
-/// its int32 results than it saves on the products, and the VNNI tile runs
-/// (`mxfp4_prefill`: AMX 0.7–1.2× VNNI at 4–5 rows, 0.9–1.8× at 6, 1.2–2.3×
-/// at 8, on SmolLM2's shapes).
+/// AMX runs a product of `AMX_MIN_ROWS..=MR_AMX` rows (a decode batch) as
+/// one tile per panel; other row counts run the VNNI tiles. Below this many
+/// rows an AMX tile spends more on storing and reloading its int32 results
+/// than it saves on the products. Above 16 (prefill) the kernel alone is
+/// 1.0–1.3× VNNI, but end to end the 8 × 128-token prefill of `caracal bench`
+/// took 581–606 ms against 504–535 with VNNI (three interleaved pairs), so
+/// prefill stays on VNNI
+/// (`mxfp4_prefill`, SmolLM2's shapes, 1 and 2 threads: AMX 0.7–1.2× VNNI at
+/// 4–5 rows in a first build; this one 1.06–1.53× at 6 rows, 1.28–1.96× at
+/// 8, 1.2–1.6× at 16, 1.0–1.24× at 512).
 const AMX_MIN_ROWS: usize = 6;
 
-/// The tallest tile [`Panels::matmul_tiled`] runs.
-pub const MAX_TILE_ROWS: usize = 16;
-
-/// The tallest AVX-512 VNNI tile (its accumulators fill the registers).
-const MAX_VNNI_ROWS: usize = 12;
+/// The tallest tile [`Panels::matmul_tiled`] runs (the VNNI tile's
+/// accumulators then fill the registers).
+pub const MAX_TILE_ROWS: usize = 12;
 
 /// Activation rows per AVX2 tile (16 ymm registers: 4 int32 and 4 f32
 /// accumulators, two weight halves, constants).
@@ -271,8 +275,8 @@ impl Panels {
     }
 
     /// [`Panels::matmul_with`] with tiles of `mr` activation rows (clamped to
-    /// `1..=`[`MAX_TILE_ROWS`]; AVX2 uses at most 2, AVX-512 VNNI at most
-    /// 12), for measuring tile shapes.
+    /// `1..=`[`MAX_TILE_ROWS`]; AVX2 uses at most 2), for measuring tile
+    /// shapes (a product AMX takes runs as one AMX tile whatever `mr`).
     #[doc(hidden)]
     pub fn matmul_tiled(
         &self,
@@ -291,7 +295,6 @@ impl Panels {
         }
         let mr = match kernel {
             PanelKernel::Avx2 => mr.clamp(1, MR_AVX2),
-            PanelKernel::Avx512Vnni => mr.clamp(1, MAX_VNNI_ROWS),
             _ => mr.clamp(1, MAX_TILE_ROWS),
         };
         with_rounded(Scheme::MXFP4, kernel.avx512(), x, n, self.cols, |q| {
@@ -399,11 +402,11 @@ impl Panels {
             col0: p * PANEL_ROWS,
             valid,
         };
-        let mut i = 0;
         #[cfg(target_arch = "x86_64")]
-        if kernel == PanelKernel::Amx && n >= AMX_MIN_ROWS && mr >= AMX_MIN_ROWS {
-            i = t.rows_amx(q, n, mr, out);
+        if kernel == PanelKernel::Amx && (AMX_MIN_ROWS..=MR_AMX).contains(&n) {
+            return t.rows_amx(q, n, out);
         }
+        let mut i = 0;
         while i < n {
             let m = (n - i).min(mr);
             t.rows_tile(kernel, q, i, m, out);
@@ -437,53 +440,29 @@ impl Tile<'_> {
         unsafe { std::slice::from_raw_parts(self.codes.as_ptr().cast(), self.codes.len() * 64) }
     }
 
-    /// The activation rows of AMX tiles (all but fewer than [`AMX_MIN_ROWS`]
-    /// left over) against this panel; returns the rows done. One row tile
-    /// decodes the weights as it goes; several share the panel decoded once.
+    /// The `n` activation rows (`AMX_MIN_ROWS ≤ n ≤ MR_AMX`) as one AMX tile
+    /// against this panel, which it decodes as it goes.
     #[cfg(target_arch = "x86_64")]
-    fn rows_amx(&self, q: &QuantRows, n: usize, mr: usize, out: OutPtr) -> usize {
-        thread_local! {
-            static DECODED: std::cell::Cell<Vec<Line>> = const { std::cell::Cell::new(Vec::new()) };
-        }
-        let nb = self.nb;
-        let cols = nb * BLOCK_ELEMS;
-        let tiles = |inline: bool, w: *const Line| {
-            let mut i = 0;
-            while n - i >= AMX_MIN_ROWS {
-                let m = (n - i).min(mr);
-                let xs = RowsQ {
-                    q: &q.q[i * cols..(i + m) * cols],
-                    d: &q.d[i * nb..(i + m) * nb],
-                    c: &q.c[i * nb..(i + m) * nb],
-                };
-                // SAFETY: as in rows_tile (the kernel is supported: asserted by
-                // the callers); a decoded panel holds nb·8 lines.
-                unsafe {
-                    let o = out.get().add(i * self.rows + self.col0);
-                    macro_rules! by_rows {
-                        ($($mr:literal)*) => {
-                            match (m, inline) {
-                                $(($mr, true) => amx::tile_amx::<$mr, true>(self, w, &xs, o),
-                                  ($mr, false) => amx::tile_amx::<$mr, false>(self, w, &xs, o),)*
-                                _ => unreachable!("AMX tiles are {AMX_MIN_ROWS}..={MR_AMX} rows"),
-                            }
-                        };
-                    }
-                    by_rows!(16 15 14 13 12 11 10 9 8 7 6)
-                }
-                i += m;
-            }
-            i
+    fn rows_amx(&self, q: &QuantRows, n: usize, out: OutPtr) {
+        let xs = RowsQ {
+            q: &q.q,
+            d: &q.d,
+            c: &q.c,
         };
-        if n <= mr {
-            return tiles(true, std::ptr::null());
+        // SAFETY: as in rows_tile (the kernel is supported: asserted by the
+        // callers); xs holds the n rows.
+        unsafe {
+            let o = out.get().add(self.col0);
+            macro_rules! by_rows {
+                ($($mr:literal)*) => {
+                    match n {
+                        $($mr => amx::tile_amx::<$mr>(self, &xs, o),)*
+                        _ => unreachable!("AMX tiles are {AMX_MIN_ROWS}..={MR_AMX} rows"),
+                    }
+                };
+            }
+            by_rows!(16 15 14 13 12 11 10 9 8 7 6)
         }
-        crate::threads::with_local(&DECODED, |w| {
-            w.resize(nb * 8, Line([0; 64]));
-            // SAFETY: as above; w holds nb·8 lines.
-            unsafe { amx::decode_panel(self.code_bytes().as_ptr(), nb, w.as_mut_ptr()) };
-            tiles(false, w.as_ptr())
-        })
     }
 
     /// Activation rows `i0..i0 + m` (`m ≤` the kernel's tile height) against
@@ -574,8 +553,8 @@ pub(super) struct RowsQ<'a> {
 /// The builds of the panel kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PanelKernel {
-    /// AMX-INT8 tiles for tiles of [`AMX_MIN_ROWS`] rows or more, the
-    /// AVX-512 VNNI tile below that (see [`crate::amx`]).
+    /// AMX-INT8 tiles for products of [`AMX_MIN_ROWS`]..=16 rows, the
+    /// AVX-512 VNNI tiles for others (see [`crate::amx`]).
     Amx,
     /// AVX-512 F, BW, VNNI and VBMI (`vpdpbusd`, `vpermb`).
     Avx512Vnni,
@@ -612,8 +591,8 @@ impl PanelKernel {
     /// Activation rows per tile.
     fn tile_rows(self) -> usize {
         match self {
-            PanelKernel::Amx => MR_AMX,
-            PanelKernel::Avx512Vnni => MR_AVX512,
+            // Products AMX does not take run the VNNI tiles.
+            PanelKernel::Amx | PanelKernel::Avx512Vnni => MR_AVX512,
             PanelKernel::Avx2 => MR_AVX2,
             PanelKernel::Portable => 4,
         }
