@@ -404,7 +404,7 @@ mod x86 {
 
     /// How far ahead the panel's first row tile hints its lines: one
     /// matrix's panels are contiguous, so this runs into the next panel.
-    const PREFETCH_BYTES: usize = 8 * 1024;
+    pub(super) const PREFETCH_BYTES: usize = 8 * 1024;
 
     /// The `MR × 16` tile: per block, `MR` int32 accumulators start at
     /// `−128·Σq` and take 8 `vpdpbusd` each, then

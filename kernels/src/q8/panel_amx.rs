@@ -12,16 +12,13 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
+use super::x86::PREFETCH_BYTES;
 use super::{Tile, BLOCK, LINES};
 use crate::amx::{configure, panel_blocks, panel_config, RING};
 use crate::int8_rows::x86::{scale_add, store_rows};
 
-/// How far ahead the panel's first row tile hints its lines (as the VNNI
-/// tile does: one matrix's panels are contiguous).
-const PREFETCH_BYTES: usize = 8 * 1024;
-
 /// The `MR × 16` AMX tile; with `PREFETCH` (the panel's first row tile) it
-/// hints the lines [`PREFETCH_BYTES`] ahead.
+/// hints the lines [`PREFETCH_BYTES`] ahead, as the VNNI tile does.
 ///
 /// # Safety
 /// [`crate::amx::available`] and AVX-512F; `1 ≤ MR ≤ 16`; `t` holds `MR`
