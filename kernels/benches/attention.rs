@@ -8,6 +8,8 @@
 //! - `decode_t1`: one token after 4,096 cached ones;
 //! - `prefill_t512`: a cold prefill of 512 tokens (start_pos 0).
 //!
+//! `tiled_bf16_rows` runs the tiled kernel on the same rows stored as bf16.
+//!
 //! Throughput is the attention FLOP count (`2·(head_dim + v_dim)` per query
 //! head per visible key), so the report's "elem/s" reads as FLOP/s.
 //!
@@ -19,7 +21,7 @@ use std::time::Duration;
 
 use caracal_kernels::attention::{paged_attention, write_kv, AttnShape};
 use caracal_kernels::flash::paged_attention_tiled;
-use caracal_kernels::paged::KvPool;
+use caracal_kernels::paged::{KvDtype, KvPool};
 use caracal_kernels::testing::values;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
@@ -89,6 +91,25 @@ fn bench_case(c: &mut Criterion, name: &str, start_pos: usize, t: usize) {
             })
         },
     );
+    // The same rows stored as bf16 (the runtime's default): the tiled kernel
+    // reads them in place and, with AVX-512 BF16, multiplies on bf16 pair
+    // dot products (`CARACAL_ATTENTION_PRODUCTS=f32` keeps it on f32 FMAs).
+    let mut bf16 = KvPool::with_dtype(1, pages + 8, PAGE, SHAPE.row_width(), KvDtype::Bf16);
+    write_kv(&mut bf16, 0, &table, 0, &k, &v, &SHAPE);
+    group.bench_with_input(BenchmarkId::new("tiled_bf16_rows", &id), &(), |b, _| {
+        b.iter(|| {
+            paged_attention_tiled(
+                black_box(&q),
+                &bf16,
+                0,
+                &table,
+                start_pos,
+                &SHAPE,
+                scale,
+                &mut out,
+            )
+        })
+    });
     group.finish();
 }
 

@@ -26,6 +26,9 @@ pub struct Features {
     /// AVX-512 F, BW and VNNI together: the int8 dot products of the MXFP4
     /// and Q8_0 kernels with int8 activations.
     pub avx512_vnni: bool,
+    /// AVX-512 F, BW and BF16 together: `vdpbf16ps`, the bf16 pair dot
+    /// products of attention over bf16 KV rows.
+    pub avx512_bf16: bool,
 }
 
 impl Features {
@@ -40,6 +43,9 @@ impl Features {
                 avx512_vnni: is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vnni"),
+                avx512_bf16: is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512bf16"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]

@@ -1,6 +1,6 @@
 //! Tests of the batched decode attention against the per-sequence tiled
-//! kernel ([`super::super::paged_attention_tiled`], itself tested against
-//! f64 references) and the f64 [`dense_attention`], with every instruction
+//! kernel on its f32 products ([`crate::flash::tiled_f32`], itself tested
+//! against f64 references) and the f64 [`dense_attention`], with every instruction
 //! set this CPU supports, on f32, bf16 and int8 pools (int8 with a scale per
 //! head, read in place, and with coarser segments, widened per row).
 //!
@@ -11,7 +11,7 @@
 
 use super::*;
 use crate::attention::dense_attention;
-use crate::flash::{latent_attention_tiled, paged_attention_tiled};
+use crate::flash::tiled_f32;
 use crate::paged::{common_segment, KvDtype};
 use crate::testing::values;
 
@@ -183,13 +183,14 @@ fn check_gqa_in(shape: AttnShape, page: usize, dtype: KvDtype, segment: usize, s
             let q = &b.q[s.row * qw..(s.row + 1) * qw];
             let got = &out[s.row * ow..(s.row + 1) * ow];
             let mut tiled = vec![0.0; ow];
-            paged_attention_tiled(
+            tiled_f32(
                 q,
                 &b.pool,
                 1,
                 s.block_table,
                 s.pos,
                 &shape,
+                false,
                 scale,
                 &mut tiled,
             );
@@ -298,14 +299,14 @@ fn batched_latent_decode_equals_per_sequence_tiled() {
                     );
                     let q = &b.q[sq.row * qw..(sq.row + 1) * qw];
                     let mut tiled = vec![0.0; ow];
-                    latent_attention_tiled(
+                    tiled_f32(
                         q,
                         &b.pool,
                         1,
                         sq.block_table,
                         sq.pos,
-                        heads,
-                        vd,
+                        &s,
+                        true,
                         scale,
                         &mut tiled,
                     );

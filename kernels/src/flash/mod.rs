@@ -99,20 +99,17 @@ pub fn paged_attention_tiled(
     scale: f32,
     out: &mut [f32],
 ) {
-    attend_with(
-        Isa::best(),
-        Call {
-            q,
-            pool,
-            layer,
-            block_table,
-            start_pos,
-            shape,
-            scale,
-            latent: false,
-        },
-        out,
-    );
+    let call = Call {
+        q,
+        pool,
+        layer,
+        block_table,
+        start_pos,
+        shape,
+        scale,
+        latent: false,
+    };
+    attend_with(Isa::best(), Tiles::best(&call), call, out);
 }
 
 /// Attention over an MLA latent cache in the absorbed form: every query head
@@ -139,20 +136,46 @@ pub fn latent_attention_tiled(
     out: &mut [f32],
 ) {
     let shape = AttnShape::latent(heads, pool.width, v_dim, "latent_attention_tiled");
-    attend_with(
-        Isa::best(),
-        Call {
-            q,
-            pool,
-            layer,
-            block_table,
-            start_pos,
-            shape: &shape,
-            scale,
-            latent: true,
-        },
-        out,
-    );
+    let call = Call {
+        q,
+        pool,
+        layer,
+        block_table,
+        start_pos,
+        shape: &shape,
+        scale,
+        latent: true,
+    };
+    attend_with(Isa::best(), Tiles::best(&call), call, out);
+}
+
+/// [`paged_attention_tiled`] (`latent` false) or [`latent_attention_tiled`]
+/// (`latent` true, `shape` from `AttnShape::latent`) on the f32 products
+/// only: the reference of tests that compare other kernels bit-closely.
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tiled_f32(
+    q: &[f32],
+    pool: &KvPool,
+    layer: usize,
+    block_table: &[u32],
+    start_pos: usize,
+    shape: &AttnShape,
+    latent: bool,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let call = Call {
+        q,
+        pool,
+        layer,
+        block_table,
+        start_pos,
+        shape,
+        scale,
+        latent,
+    };
+    attend_with(Isa::best(), Tiles::Fma, call, out);
 }
 
 /// The arguments of one attention call, minus `out`.
@@ -175,6 +198,28 @@ struct Call<'a> {
     /// MLA latent rows: one KV head, key = the whole row, value = its first
     /// `v_dim` values (see [`latent_attention_tiled`]).
     latent: bool,
+}
+
+/// Which products a call's 16-lane pieces run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tiles {
+    /// f32 FMA register tiles (every instruction set).
+    Fma,
+    /// bf16 pair dot products ([`bf16`]): bf16 pools on CPUs with AVX-512
+    /// BF16, for pieces planned on AVX-512.
+    Bf16,
+}
+
+impl Tiles {
+    /// bf16 where [`bf16::usable`] says so, else FMA.
+    fn best(call: &Call<'_>) -> Tiles {
+        #[cfg(target_arch = "x86_64")]
+        if bf16::usable(call) {
+            return Tiles::Bf16;
+        }
+        let _ = call;
+        Tiles::Fma
+    }
 }
 
 /// How a call is cut into pieces.
@@ -269,8 +314,9 @@ enum Sink<'a> {
 }
 
 /// Validates the call like `paged_attention`, plans it and runs every piece
-/// with instruction set `best` (or a narrower one, see [`Plan::new`]).
-fn attend_with(best: Isa, call: Call<'_>, out: &mut [f32]) {
+/// with instruction set `best` (or a narrower one, see [`Plan::new`]), on
+/// bf16 products when `tiles` says so and the plan is for AVX-512.
+fn attend_with(best: Isa, tiles: Tiles, call: Call<'_>, out: &mut [f32]) {
     let shape = call.shape;
     assert!(
         shape.kv_heads > 0 && shape.q_heads.is_multiple_of(shape.kv_heads),
@@ -339,9 +385,20 @@ fn attend_with(best: Isa, call: Call<'_>, out: &mut [f32]) {
     };
     let tasks = shape.kv_heads * plan.blocks;
     let out_ptr = OutPtr(out.as_mut_ptr());
+    let bf16 = tiles == Tiles::Bf16 && plan.isa == Isa::Avx512;
+    let run = |p: Piece, sc: &mut Scratch, sink: Sink<'_>| {
+        #[cfg(target_arch = "x86_64")]
+        if bf16 {
+            // SAFETY: `Tiles::Bf16` is only chosen where `bf16::usable`
+            // holds, and the plan is for 16 lanes.
+            return unsafe { bf16::piece(&call, p, sc, sink) };
+        }
+        let _ = bf16;
+        run_piece(plan.isa, &call, p, sc, sink)
+    };
     if plan.splits == 1 {
         (0..tasks).into_par_iter().for_each(|idx| {
-            Scratch::with(|sc| run_piece(plan.isa, &call, piece(idx), sc, Sink::Out(out_ptr)));
+            Scratch::with(|sc| run(piece(idx), sc, Sink::Out(out_ptr)));
         });
         return;
     }
@@ -350,7 +407,7 @@ fn attend_with(best: Isa, call: Call<'_>, out: &mut [f32]) {
         .par_chunks_mut(part_len)
         .enumerate()
         .for_each(|(idx, part)| {
-            Scratch::with(|sc| run_piece(plan.isa, &call, piece(idx), sc, Sink::Partial(part)));
+            Scratch::with(|sc| run(piece(idx), sc, Sink::Partial(part)));
         });
     let parts = &parts;
     (0..tasks).into_par_iter().for_each(|task| {
@@ -414,6 +471,9 @@ struct Scratch {
     vrows: Vec<*const f32>,
     /// The current tile's rows widened to f32 (bf16 pools only).
     kv: Vec<f32>,
+    /// The buffers of bf16 pieces.
+    #[cfg(target_arch = "x86_64")]
+    bf16: bf16::Buffers,
 }
 
 thread_local! {
@@ -821,6 +881,8 @@ unsafe fn pv_block<S: Simd, const MR: usize, const NC: usize>(
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod bf16;
 mod decode;
 use crate::simd::*;
 pub use decode::{

@@ -81,7 +81,7 @@ fn tiled_with(
         scale,
         latent: false,
     };
-    attend_with(isa, call, &mut out);
+    attend_with(isa, Tiles::Fma, call, &mut out);
     out
 }
 
@@ -431,6 +431,98 @@ fn bf16_pool_equals_dense_attention_of_the_rounded_rows() {
             // Against unrounded f32 rows: bf16 keeps 8 mantissa bits (relative
             // step 2^-8 on O(1) keys and values), so 2e-2 · max|out|.
             assert_close(&got, &exact, 2e-2, &format!("{isa:?} vs f32 rows {what}"));
+        }
+    }
+}
+
+/// A bf16 pool of `width`-value rows for positions `0..total` (layer 1 of
+/// 2, shuffled pages of `page_size`), from `rows` (`[total, width]`).
+fn bf16_pool(
+    width: usize,
+    page_size: usize,
+    total: usize,
+    rows: &[f32],
+    seed: u64,
+) -> (KvPool, Vec<u32>) {
+    use crate::paged::KvDtype;
+    let s = shape(1, 1, width / 2, width / 2);
+    let zeros = vec![0.0; rows.len() / 2];
+    let (f32_pool, table) = shuffled_pool(&s, page_size, total, &zeros, &zeros, seed);
+    let mut pool = KvPool::with_dtype(2, f32_pool.num_pages(), page_size, width, KvDtype::Bf16);
+    for (pos, row) in rows.chunks_exact(width).enumerate() {
+        pool.write_row(1, &table, pos, &[row]);
+    }
+    (pool, table)
+}
+
+#[test]
+fn bf16_products_match_the_f32_tiles_on_bf16_pools() {
+    // Tolerance: 1e-2 · max|out| of the f32 tiles on the same bf16 rows.
+    // The bf16 pieces round scale·q and the softmax weights to bf16 (8
+    // mantissa bits, relative step 2^-8 at worst): with peaky O(1)-input
+    // softmaxes that moves outputs by ~0.3% of their range (measured:
+    // 0.07–0.26% on these cases).
+    let isa = Isa::Avx512;
+    // GQA (SmolLM2's 9/3 heads of 64, a group of 8 of 128, head_dim 72
+    // with a 8-dim last chunk) and MLA latent rows (K3 `small`: 8 heads over
+    // 64 + 16 values, value = the first 64); pages of 16, 32 and 7; causal
+    // diagonals, several key tiles, and key splits (16 rows after 2,000
+    // keys).
+    let cases: [(AttnShape, bool, usize, usize); 7] = [
+        (shape(9, 3, 64, 64), false, 40, 17),
+        (shape(9, 3, 64, 64), false, 300, 64),
+        (shape(8, 1, 128, 128), false, 2000, 2),
+        (shape(4, 2, 72, 32), false, 0, 130),
+        (AttnShape::latent(8, 80, 64, "test"), true, 500, 9),
+        (AttnShape::latent(8, 80, 64, "test"), true, 0, 100),
+        (AttnShape::latent(16, 48, 32, "test"), true, 1000, 4),
+    ];
+    for (n, (s, latent, start, t)) in cases.into_iter().enumerate() {
+        let seed = 9000 + 10 * n as u64;
+        let total = start + t;
+        let width = if latent { s.head_dim } else { s.row_width() };
+        let rows = values(seed + 1, total * width);
+        let q: Vec<f32> = values(seed + 3, t * s.q_heads * s.head_dim)
+            .iter()
+            .map(|x| x * 3.0)
+            .collect();
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        for page in [16, 32, 7] {
+            let (pool, table) = bf16_pool(width, page, total, &rows, seed + 4);
+            let call = Call {
+                q: &q,
+                pool: &pool,
+                layer: 1,
+                block_table: &table,
+                start_pos: start,
+                shape: &s,
+                scale,
+                latent,
+            };
+            if Tiles::best(&call) != Tiles::Bf16 || !isa.supported() {
+                eprintln!("SKIPPED: no AVX-512 BF16 here");
+                return;
+            }
+            let len = t * s.q_heads * s.v_dim;
+            let (mut want, mut got) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+            attend_with(isa, Tiles::Fma, call, &mut want);
+            let pool4 = rayon::ThreadPoolBuilder::new()
+                .num_threads(4)
+                .build()
+                .unwrap();
+            pool4.install(|| attend_with(isa, Tiles::Bf16, call, &mut got));
+            let what = format!("bf16 {s:?} latent {latent} page {page} start {start} t {t}");
+            let err = got
+                .iter()
+                .zip(&want)
+                .map(|(g, w)| (g - w).abs())
+                .fold(0.0f32, f32::max);
+            eprintln!(
+                "{what}: max error {:.2e} of max|out| {:.2e}",
+                err,
+                max_abs(&want)
+            );
+            assert_close(&got, &want, 1e-2, &what);
         }
     }
 }
