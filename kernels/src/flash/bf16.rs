@@ -42,6 +42,8 @@ pub(super) struct Buffers {
     v: Vec<u32>,
     /// The tile's bf16 rows, padded like [`Scratch::krows`].
     rows: Vec<*const u16>,
+    /// One query row's pairs.
+    row: Vec<u32>,
 }
 
 /// Whether `call` runs on bf16 pieces: a bf16 pool, an even `head_dim`,
@@ -96,11 +98,13 @@ pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Si
     let b = &mut sc.bf16;
     b.q.clear();
     b.q.resize(hd / 2 * mp, 0);
+    b.row.resize(hd / 2, 0);
     for r in 0..rows {
         let (i, h) = (p.i0 + r / group, p.kvh * group + r % group);
         let src = &call.q[(i * qh + h) * hd..(i * qh + h + 1) * hd];
-        for (d, x) in src.chunks_exact(2).enumerate() {
-            b.q[d * mp + r] = pair(x[0] * call.scale, x[1] * call.scale);
+        scaled_pairs(src, call.scale, &mut b.row);
+        for (d, &x) in b.row.iter().enumerate() {
+            b.q[d * mp + r] = x;
         }
     }
     let pairs = KEY_TILE.div_ceil(2);
@@ -175,6 +179,28 @@ pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Si
 /// `a` and `b` rounded to bf16 in one dword, `a` in the low half.
 fn pair(a: f32, b: f32) -> u32 {
     crate::dtype::f32_to_bf16(a) as u32 | (crate::dtype::f32_to_bf16(b) as u32) << 16
+}
+
+/// `scale·x` rounded to bf16 as dword pairs (`dst[d] = (x[2d], x[2d+1])`),
+/// 32 values per `vcvtne2ps2bf16`.
+///
+/// # Safety
+/// AVX-512 BF16 is here; `dst` holds `x.len() / 2` dwords.
+#[inline(always)]
+unsafe fn scaled_pairs(x: &[f32], scale: f32, dst: &mut [u32]) {
+    let s = _mm512_set1_ps(scale);
+    let mut c = 0;
+    while c + 32 <= x.len() {
+        let lo = _mm512_mul_ps(_mm512_loadu_ps(x.as_ptr().add(c)), s);
+        let hi = _mm512_mul_ps(_mm512_loadu_ps(x.as_ptr().add(c + 16)), s);
+        let w: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+        _mm512_storeu_si512(dst.as_mut_ptr().add(c / 2).cast(), w);
+        c += 32;
+    }
+    while c + 1 < x.len() {
+        dst[c / 2] = pair(x[c] * scale, x[c + 1] * scale);
+        c += 2;
+    }
 }
 
 /// `Sᵀ[key][row] = Σ_p Q[p][row] · K[key][p]` over the `dp` dim pairs of
@@ -470,6 +496,29 @@ mod tests {
             }
             for i in 0..16 {
                 assert_eq!(got[i], pair(a[i], b[i]), "lane {i}");
+            }
+        });
+    }
+
+    #[test]
+    fn scaled_query_pairs_round_like_the_bf16_conversion() {
+        with_bf16(|| {
+            // 70 values: two 32-value blocks and a tail of 6.
+            let x: Vec<f32> = crate::testing::values(3, 70)
+                .iter()
+                .map(|v| v * 5.0)
+                .collect();
+            let mut got = vec![0u32; 35];
+            // SAFETY: AVX-512 BF16 is here; got holds 35 dwords.
+            unsafe {
+                #[target_feature(enable = "avx512f,avx512bf16")]
+                unsafe fn run(x: &[f32], got: &mut [u32]) {
+                    scaled_pairs(x, 0.3, got)
+                }
+                run(&x, &mut got);
+            }
+            for (d, &g) in got.iter().enumerate() {
+                assert_eq!(g, pair(x[2 * d] * 0.3, x[2 * d + 1] * 0.3), "pair {d}");
             }
         });
     }
