@@ -24,7 +24,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{row_step, softmax_tile, Call, Piece, Scratch, Sink, KEY_TILE, MAX_NR};
+use super::{
+    finish_piece, init_rows, row_step, softmax_tile, Call, Piece, Scratch, Sink, KEY_TILE, MAX_NR,
+};
 use crate::paged::{KvDtype, LayerRows};
 use crate::simd::Avx512;
 
@@ -118,14 +120,7 @@ pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Si
     let oo = super::aligned(&mut sc.ot, vd * mp);
     let ro = super::aligned(&mut sc.rows, 4 * mp);
     sc.ot[oo..oo + vd * mp].fill(0.0);
-    {
-        let state = &mut sc.rows[ro..ro + 4 * mp];
-        state[..mp].fill(f32::NEG_INFINITY);
-        state[mp..3 * mp].fill(0.0);
-        for (r, x) in state[3 * mp..].iter_mut().enumerate() {
-            *x = if r < rows { (r / group) as f32 } else { 0.0 };
-        }
-    }
+    init_rows(&mut sc.rows[ro..ro + 4 * mp], rows, group);
     let (qp, pp, vp) = (b.q.as_ptr(), b.p.as_mut_ptr(), b.v.as_mut_ptr());
     let st = sc.st.as_mut_ptr().add(so);
     let ot = sc.ot.as_mut_ptr().add(oo);
@@ -154,26 +149,7 @@ pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Si
         j0 = j1;
     }
 
-    match sink {
-        Sink::Out(out) => {
-            // This piece is the only writer of its (kv head, query block)
-            // outputs (see `OutPtr`); `out` is `[t, q_heads·v_dim]`.
-            let out = out.get();
-            for r in 0..rows {
-                let (i, h) = (p.i0 + r / group, p.kvh * group + r % group);
-                let inv = 1.0 / *l.add(r);
-                let dst = out.add((i * qh + h) * vd);
-                for c in 0..vd {
-                    *dst.add(c) = *ot.add(c * mp + r) * inv;
-                }
-            }
-        }
-        Sink::Partial(part) => {
-            part[..mp].copy_from_slice(std::slice::from_raw_parts(m, mp));
-            part[mp..2 * mp].copy_from_slice(std::slice::from_raw_parts(l, mp));
-            part[2 * mp..(2 + vd) * mp].copy_from_slice(std::slice::from_raw_parts(ot, vd * mp));
-        }
-    }
+    finish_piece(call, p, mp, m, l, ot, sink);
 }
 
 /// `a` and `b` rounded to bf16 in one dword, `a` in the low half.

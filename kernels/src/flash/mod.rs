@@ -527,14 +527,7 @@ unsafe fn attend_piece<S: Simd>(call: &Call<'_>, p: Piece, sc: &mut Scratch, sin
         }
     }
     sc.ot[oo..oo + vd * mp].fill(0.0);
-    {
-        let state = &mut sc.rows[ro..ro + 4 * mp];
-        state[..mp].fill(f32::NEG_INFINITY);
-        state[mp..3 * mp].fill(0.0);
-        for (r, x) in state[3 * mp..].iter_mut().enumerate() {
-            *x = if r < rows { (r / group) as f32 } else { 0.0 };
-        }
-    }
+    init_rows(&mut sc.rows[ro..ro + 4 * mp], rows, group);
     let qt = sc.qt.as_ptr().add(qo);
     let st = sc.st.as_mut_ptr().add(so);
     let ot = sc.ot.as_mut_ptr().add(oo);
@@ -583,6 +576,29 @@ unsafe fn attend_piece<S: Simd>(call: &Call<'_>, p: Piece, sc: &mut Scratch, sin
         j0 = j1;
     }
 
+    finish_piece(call, p, mp, m, l, ot, sink);
+}
+
+/// Hands a finished piece's rows to its sink: `Oᵀ / l` scattered into the
+/// caller's `out`, or `[m | l | Oᵀ]` for the merge pass.
+///
+/// # Safety
+/// `m`, `l` hold `mp` values and `ot` `[v_dim][mp]` (the piece's state);
+/// `p` is a piece of `call`, which passed the checks of [`attend_with`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn finish_piece(
+    call: &Call<'_>,
+    p: Piece,
+    mp: usize,
+    m: *const f32,
+    l: *const f32,
+    ot: *const f32,
+    sink: Sink<'_>,
+) {
+    let shape = call.shape;
+    let group = shape.q_heads / shape.kv_heads;
+    let (vd, qh) = (shape.v_dim, shape.q_heads);
+    let rows = (p.i1 - p.i0) * group;
     match sink {
         Sink::Out(out) => {
             // This piece is the only writer of its (kv head, query block)
@@ -602,6 +618,18 @@ unsafe fn attend_piece<S: Simd>(call: &Call<'_>, p: Piece, sc: &mut Scratch, sin
             part[mp..2 * mp].copy_from_slice(std::slice::from_raw_parts(l, mp));
             part[2 * mp..(2 + vd) * mp].copy_from_slice(std::slice::from_raw_parts(ot, vd * mp));
         }
+    }
+}
+
+/// Starts a piece's per-row state (`[m | l | α | query offset]`, `mp`
+/// values each, `state.len() = 4·mp`) for `rows` real rows of `group` heads
+/// per query: no key seen yet.
+fn init_rows(state: &mut [f32], rows: usize, group: usize) {
+    let mp = state.len() / 4;
+    state[..mp].fill(f32::NEG_INFINITY);
+    state[mp..3 * mp].fill(0.0);
+    for (r, x) in state[3 * mp..].iter_mut().enumerate() {
+        *x = if r < rows { (r / group) as f32 } else { 0.0 };
     }
 }
 
