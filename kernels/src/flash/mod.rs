@@ -585,7 +585,6 @@ unsafe fn attend_piece<S: Simd>(call: &Call<'_>, p: Piece, sc: &mut Scratch, sin
 /// # Safety
 /// `m`, `l` hold `mp` values and `ot` `[v_dim][mp]` (the piece's state);
 /// `p` is a piece of `call`, which passed the checks of [`attend_with`].
-#[allow(clippy::too_many_arguments)]
 unsafe fn finish_piece(
     call: &Call<'_>,
     p: Piece,
