@@ -64,6 +64,26 @@ pub fn available() -> bool {
     })
 }
 
+/// Whether [`available`] holds and the CPU also multiplies bf16 tiles
+/// (AMX-BF16: `tdpbf16ps`, the products of attention over bf16 KV rows).
+pub fn bf16_available() -> bool {
+    static BF16: OnceLock<bool> = OnceLock::new();
+    *BF16.get_or_init(|| available() && detect_bf16())
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_bf16() -> bool {
+    // SAFETY: `available` found CPUID leaf 7.
+    #[allow(unused_unsafe)]
+    let edx = unsafe { std::arch::x86_64::__cpuid_count(7, 0) }.edx;
+    edx & (1 << 22) != 0
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect_bf16() -> bool {
+    false
+}
+
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 fn detect() -> bool {
     use std::arch::x86_64::__cpuid_count;

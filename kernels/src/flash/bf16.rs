@@ -82,7 +82,7 @@ unsafe fn dot(acc: __m512, a: __m512i, b: __m512i) -> __m512 {
 pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Sink<'_>) {
     let shape = call.shape;
     let group = shape.q_heads / shape.kv_heads;
-    let (hd, vd, qh) = (shape.head_dim, shape.v_dim, shape.q_heads);
+    let (hd, vd) = (shape.head_dim, shape.v_dim);
     let rows = (p.i1 - p.i0) * group;
     let mp = rows.next_multiple_of(L);
     let mv = mp / L;
@@ -98,17 +98,7 @@ pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Si
     };
 
     let b = &mut sc.bf16;
-    b.q.clear();
-    b.q.resize(hd / 2 * mp, 0);
-    b.row.resize(hd / 2, 0);
-    for r in 0..rows {
-        let (i, h) = (p.i0 + r / group, p.kvh * group + r % group);
-        let src = &call.q[(i * qh + h) * hd..(i * qh + h + 1) * hd];
-        scaled_pairs(src, call.scale, &mut b.row);
-        for (d, &x) in b.row.iter().enumerate() {
-            b.q[d * mp + r] = x;
-        }
-    }
+    pack_queries(call, p, mp, hd / 2, &mut b.q, &mut b.row);
     let pairs = KEY_TILE.div_ceil(2);
     if b.p.len() < pairs * mp {
         b.p.resize(pairs * mp, 0);
@@ -150,6 +140,38 @@ pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Si
     }
 
     finish_piece(call, p, mp, m, l, ot, sink);
+}
+
+/// The piece's query rows as pre-scaled bf16 pairs `[dpp][mp]` in `q`
+/// (`q[d][row] = (scale·q[2d], scale·q[2d + 1])`), zero in padding rows and
+/// in pairs past `head_dim / 2` (`dpp` is at least that); `row` is scratch.
+///
+/// # Safety
+/// AVX-512 BF16 is here; `p` is a piece of `call` (which passed the checks
+/// of `attend_with`) whose rows fit `mp`.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(super) unsafe fn pack_queries(
+    call: &Call<'_>,
+    p: Piece,
+    mp: usize,
+    dpp: usize,
+    q: &mut Vec<u32>,
+    row: &mut Vec<u32>,
+) {
+    let shape = call.shape;
+    let group = shape.q_heads / shape.kv_heads;
+    let (hd, qh) = (shape.head_dim, shape.q_heads);
+    q.clear();
+    q.resize(dpp * mp, 0);
+    row.resize(hd / 2, 0);
+    for r in 0..(p.i1 - p.i0) * group {
+        let (i, h) = (p.i0 + r / group, p.kvh * group + r % group);
+        let src = &call.q[(i * qh + h) * hd..(i * qh + h + 1) * hd];
+        scaled_pairs(src, call.scale, row);
+        for (d, &x) in row.iter().enumerate() {
+            q[d * mp + r] = x;
+        }
+    }
 }
 
 /// `a` and `b` rounded to bf16 in one dword, `a` in the low half.
@@ -259,7 +281,7 @@ unsafe fn qk_block<const MR: usize, const NR: usize>(
 /// # Safety
 /// `pt` holds `nk·mp` floats, `dst` `nk.div_ceil(2)·mp` dwords.
 #[inline(always)]
-unsafe fn pack_weights(pt: *const f32, mp: usize, mv: usize, nk: usize, dst: *mut u32) {
+pub(super) unsafe fn pack_weights(pt: *const f32, mp: usize, mv: usize, nk: usize, dst: *mut u32) {
     for k in 0..nk.div_ceil(2) {
         for v in 0..mv {
             let a = _mm512_loadu_ps(pt.add(2 * k * mp + v * L));
@@ -281,7 +303,7 @@ unsafe fn pack_weights(pt: *const f32, mp: usize, mv: usize, nk: usize, dst: *mu
 /// `rows_at` has `nk` row pointers with `v_off + vd` readable values each,
 /// `dst` has room for `nk.div_ceil(2)·vd` dwords.
 #[inline(always)]
-unsafe fn pack_values(
+pub(super) unsafe fn pack_values(
     rows_at: *const *const u16,
     v_off: usize,
     nk: usize,

@@ -236,7 +236,9 @@ struct Job<'a> {
 }
 
 /// Validates, plans and runs a batched decode call with instruction set
-/// `isa` (narrowed to one the CPU has).
+/// `isa` (narrowed to one the CPU has) and the inner `kernel` (`None`: by
+/// group size, rows-in-lanes pieces on the best products; a forced kernel
+/// keeps rows-in-lanes pieces on the f32 FMA tiles).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn decode_with(
     isa: Isa,
@@ -336,6 +338,7 @@ pub(super) fn decode_with(
         scale,
     };
     let isa = if isa.supported() { isa } else { Isa::Portable };
+    let forced = kernel.is_some();
     let kernel = kernel.unwrap_or(if group >= ROWS_IN_LANES_GROUP {
         Kernel::RowsInLanes
     } else {
@@ -349,7 +352,7 @@ pub(super) fn decode_with(
         kernel
     };
     if kernel == Kernel::RowsInLanes {
-        return rows_in_lanes(isa, &job, &pieces, &tasks, slots, threads, out);
+        return rows_in_lanes(isa, forced, &job, &pieces, &tasks, slots, threads, out);
     }
     let part_len = group * (2 + vd);
     let mut parts = vec![0.0f32; slots * part_len];
@@ -379,9 +382,14 @@ pub(super) fn decode_with(
 /// Runs the pieces with the prefill kernel's piece code (query heads in
 /// the lanes, see [`super`]): for groups of [`ROWS_IN_LANES_GROUP`] or more
 /// the heads fill a vector, and one vector of `Qᵀ` then feeds many keys per
-/// broadcast, which beats reducing per-key dot products.
+/// broadcast, which beats reducing per-key dot products. Pieces take the
+/// prefill kernel's best products (bf16 or AMX tiles over bf16 rows on
+/// 16-lane plans), or its f32 FMA tiles when `fma` is set (a kernel the
+/// caller forced: the tests' bit-close reference).
+#[allow(clippy::too_many_arguments)]
 fn rows_in_lanes(
     isa: Isa,
+    fma: bool,
     job: &Job<'_>,
     pieces: &[Piece],
     tasks: &[(Piece, usize, usize)],
@@ -390,8 +398,14 @@ fn rows_in_lanes(
     out: &mut [f32],
 ) {
     let shape = job.shape;
-    // The tiled kernel's own choice for a tile of `group` rows.
-    let isa = if isa == Isa::Avx512 && job.group <= 8 && Isa::Avx2.supported() {
+    let tiles = match job.seqs.first() {
+        Some(s) if !fma => super::Tiles::best(&call(job, s)),
+        _ => super::Tiles::Fma,
+    };
+    // The tiled kernel's own choice for a tile of `group` rows, except that
+    // AMX tiles beat 8-lane FMAs even half empty.
+    let amx = tiles == super::Tiles::Amx;
+    let isa = if isa == Isa::Avx512 && job.group <= 8 && Isa::Avx2.supported() && !amx {
         Isa::Avx2
     } else {
         isa
@@ -434,7 +448,8 @@ fn rows_in_lanes(
             }),
             None => super::Sink::Out(row_out(s)),
         };
-        super::run_piece(isa, &call(job, s), tile_piece(p), sc, sink);
+        let c = call(job, s);
+        super::run_tiles(isa, tiles, &c, tile_piece(p), sc, sink);
     };
     if pieces.len() <= 1 || threads <= 1 {
         super::Scratch::with(|sc| pieces.iter().for_each(|p| run(sc, p)));

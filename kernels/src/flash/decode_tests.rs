@@ -319,6 +319,48 @@ fn batched_latent_decode_equals_per_sequence_tiled() {
 }
 
 #[test]
+fn latent_decode_on_the_best_products_matches_the_f32_tiles() {
+    // The call's own choice (no forced kernel): on CPUs with AVX-512 BF16 or
+    // AMX-BF16 the rows-in-lanes pieces take bf16 products, so the
+    // tolerance is the tiled bf16 test's, 1e-2 · max|out| (bf16 rounding of
+    // scale·q and of the softmax weights); elsewhere the FMA tiles, well
+    // inside it. Heads: K3 `small` (8 over 64 + 16) and Kimi K3's rows of
+    // 512 + 64 under 16 heads.
+    for (n, (heads, width, vd)) in [(8usize, 80usize, 64usize), (16, 576, 512)]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 700 + 50 * n as u64;
+        let qw = heads * width;
+        let b = batch(CONTEXTS, width, 0, qw, 16, KvDtype::Bf16, width, seed);
+        let seqs = b.seqs();
+        let scale = 1.0 / (width as f32).sqrt();
+        let ow = heads * vd;
+        let mut out = vec![f32::NAN; (seqs.len() + 1) * ow];
+        latent_decode_attention_batch(&b.q, &b.pool, 1, &seqs, heads, vd, scale, &mut out);
+        let s = AttnShape::latent(heads, width, vd, "test");
+        for (i, sq) in seqs.iter().enumerate() {
+            let q = &b.q[sq.row * qw..(sq.row + 1) * qw];
+            let mut tiled = vec![0.0; ow];
+            tiled_f32(
+                q,
+                &b.pool,
+                1,
+                sq.block_table,
+                sq.pos,
+                &s,
+                true,
+                scale,
+                &mut tiled,
+            );
+            let got = &out[sq.row * ow..(sq.row + 1) * ow];
+            let what = format!("best products, latent {heads}×{width} ctx {}", b.ctx[i]);
+            assert_close(got, &tiled, 1e-2, &what);
+        }
+    }
+}
+
+#[test]
 fn a_sequence_decodes_bit_identically_alone_or_batched() {
     let s = shape(9, 3, 64, 64);
     let (kw, qw, ow) = (3 * 64, 9 * 64, 9 * 64);

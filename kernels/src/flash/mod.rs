@@ -208,14 +208,22 @@ enum Tiles {
     /// bf16 pair dot products ([`bf16`]): bf16 pools on CPUs with AVX-512
     /// BF16, for pieces planned on AVX-512.
     Bf16,
+    /// AMX-BF16 tile products ([`amx`]): as `Bf16`, on CPUs with AMX-BF16.
+    Amx,
 }
 
 impl Tiles {
-    /// bf16 where [`bf16::usable`] says so, else FMA.
+    /// AMX where [`amx::usable`] says so, else bf16 where [`bf16::usable`]
+    /// does, else FMA.
     fn best(call: &Call<'_>) -> Tiles {
         #[cfg(target_arch = "x86_64")]
-        if bf16::usable(call) {
-            return Tiles::Bf16;
+        {
+            if amx::usable(call) {
+                return Tiles::Amx;
+            }
+            if bf16::usable(call) {
+                return Tiles::Bf16;
+            }
         }
         let _ = call;
         Tiles::Fma
@@ -385,17 +393,8 @@ fn attend_with(best: Isa, tiles: Tiles, call: Call<'_>, out: &mut [f32]) {
     };
     let tasks = shape.kv_heads * plan.blocks;
     let out_ptr = OutPtr(out.as_mut_ptr());
-    let bf16 = tiles == Tiles::Bf16 && plan.isa == Isa::Avx512;
-    let run = |p: Piece, sc: &mut Scratch, sink: Sink<'_>| {
-        #[cfg(target_arch = "x86_64")]
-        if bf16 {
-            // SAFETY: `Tiles::Bf16` is only chosen where `bf16::usable`
-            // holds, and the plan is for 16 lanes.
-            return unsafe { bf16::piece(&call, p, sc, sink) };
-        }
-        let _ = bf16;
-        run_piece(plan.isa, &call, p, sc, sink)
-    };
+    let run =
+        |p: Piece, sc: &mut Scratch, sink: Sink<'_>| run_tiles(plan.isa, tiles, &call, p, sc, sink);
     if plan.splits == 1 {
         (0..tasks).into_par_iter().for_each(|idx| {
             Scratch::with(|sc| run(piece(idx), sc, Sink::Out(out_ptr)));
@@ -416,6 +415,25 @@ fn attend_with(best: Isa, tiles: Tiles, call: Call<'_>, out: &mut [f32]) {
         let chunk = &parts[task * plan.splits * part_len..(task + 1) * plan.splits * part_len];
         merge_splits(&call, p, mp, chunk, part_len, out_ptr);
     });
+}
+
+/// Runs one piece planned for `isa` on `tiles`' products: bf16 and AMX
+/// products run only for 16-lane plans, the others on the FMA tiles.
+///
+/// `tiles` must be `Fma` or what [`Tiles::best`] chose for `call`.
+fn run_tiles(isa: Isa, tiles: Tiles, call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Sink<'_>) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        match tiles {
+            // SAFETY: `Tiles::Amx` is only chosen where `amx::usable` holds,
+            // and the plan is for 16 lanes.
+            Tiles::Amx => return unsafe { amx::piece(call, p, sc, sink) },
+            // SAFETY: as above, with `bf16::usable`.
+            Tiles::Bf16 => return unsafe { bf16::piece(call, p, sc, sink) },
+            Tiles::Fma => {}
+        }
+    }
+    run_piece(isa, call, p, sc, sink)
 }
 
 /// Runs one piece with instruction set `isa`.
@@ -474,6 +492,9 @@ struct Scratch {
     /// The buffers of bf16 pieces.
     #[cfg(target_arch = "x86_64")]
     bf16: bf16::Buffers,
+    /// The buffers of AMX pieces.
+    #[cfg(target_arch = "x86_64")]
+    amx: amx::Buffers,
 }
 
 thread_local! {
@@ -908,6 +929,8 @@ unsafe fn pv_block<S: Simd, const MR: usize, const NC: usize>(
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod bf16;
 mod decode;

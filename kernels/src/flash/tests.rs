@@ -456,7 +456,7 @@ fn bf16_pool(
 }
 
 #[test]
-fn bf16_products_match_the_f32_tiles_on_bf16_pools() {
+fn bf16_and_amx_products_match_the_f32_tiles_on_bf16_pools() {
     // Tolerance: 1e-2 · max|out| of the f32 tiles on the same bf16 rows.
     // The bf16 pieces round scale·q and the softmax weights to bf16 (8
     // mantissa bits, relative step 2^-8 at worst): with peaky O(1)-input
@@ -468,7 +468,7 @@ fn bf16_products_match_the_f32_tiles_on_bf16_pools() {
     // 64 + 16 values, value = the first 64); pages of 16, 32 and 7; causal
     // diagonals, several key tiles, and key splits (16 rows after 2,000
     // keys).
-    let cases: [(AttnShape, bool, usize, usize); 7] = [
+    let cases: [(AttnShape, bool, usize, usize); 8] = [
         (shape(9, 3, 64, 64), false, 40, 17),
         (shape(9, 3, 64, 64), false, 300, 64),
         (shape(8, 1, 128, 128), false, 2000, 2),
@@ -476,6 +476,7 @@ fn bf16_products_match_the_f32_tiles_on_bf16_pools() {
         (AttnShape::latent(8, 80, 64, "test"), true, 500, 9),
         (AttnShape::latent(8, 80, 64, "test"), true, 0, 100),
         (AttnShape::latent(16, 48, 32, "test"), true, 1000, 4),
+        (AttnShape::latent(16, 576, 512, "test"), true, 200, 3),
     ];
     for (n, (s, latent, start, t)) in cases.into_iter().enumerate() {
         let seed = 9000 + 10 * n as u64;
@@ -499,30 +500,40 @@ fn bf16_products_match_the_f32_tiles_on_bf16_pools() {
                 scale,
                 latent,
             };
-            if Tiles::best(&call) != Tiles::Bf16 || !isa.supported() {
+            // Every product kind this CPU runs: AMX machines run both.
+            let kinds: &[Tiles] = match Tiles::best(&call) {
+                Tiles::Amx => &[Tiles::Bf16, Tiles::Amx],
+                Tiles::Bf16 => &[Tiles::Bf16],
+                Tiles::Fma => &[],
+            };
+            if kinds.is_empty() || !isa.supported() {
                 eprintln!("SKIPPED: no AVX-512 BF16 here");
                 return;
             }
             let len = t * s.q_heads * s.v_dim;
-            let (mut want, mut got) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+            let mut want = vec![f32::NAN; len];
             attend_with(isa, Tiles::Fma, call, &mut want);
             let pool4 = rayon::ThreadPoolBuilder::new()
                 .num_threads(4)
                 .build()
                 .unwrap();
-            pool4.install(|| attend_with(isa, Tiles::Bf16, call, &mut got));
-            let what = format!("bf16 {s:?} latent {latent} page {page} start {start} t {t}");
-            let err = got
-                .iter()
-                .zip(&want)
-                .map(|(g, w)| (g - w).abs())
-                .fold(0.0f32, f32::max);
-            eprintln!(
-                "{what}: max error {:.2e} of max|out| {:.2e}",
-                err,
-                max_abs(&want)
-            );
-            assert_close(&got, &want, 1e-2, &what);
+            for &tiles in kinds {
+                let mut got = vec![f32::NAN; len];
+                pool4.install(|| attend_with(isa, tiles, call, &mut got));
+                let what =
+                    format!("{tiles:?} {s:?} latent {latent} page {page} start {start} t {t}");
+                let err = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(g, w)| (g - w).abs())
+                    .fold(0.0f32, f32::max);
+                eprintln!(
+                    "{what}: max error {:.2e} of max|out| {:.2e}",
+                    err,
+                    max_abs(&want)
+                );
+                assert_close(&got, &want, 1e-2, &what);
+            }
         }
     }
 }
