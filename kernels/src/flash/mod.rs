@@ -245,7 +245,8 @@ struct Plan {
 
 impl Plan {
     /// Plans `t` queries of `group` heads per kv head on `threads` threads,
-    /// starting with the best instruction set `best`.
+    /// starting with the best instruction set `best`, blocks of about
+    /// `target_rows` rows ([`TARGET_ROWS`], or AMX pieces' own target).
     fn new(
         best: Isa,
         t: usize,
@@ -253,12 +254,13 @@ impl Plan {
         kv_heads: usize,
         start_pos: usize,
         threads: usize,
+        target_rows: usize,
     ) -> Plan {
         let blocks_for = |lanes: usize| {
             // Queries per whole number of vectors, then as many such units as
-            // fit TARGET_ROWS (at least one).
+            // fit the target rows (at least one).
             let unit = lanes / gcd(group, lanes);
-            let qb = (TARGET_ROWS / group / unit * unit).max(unit);
+            let qb = (target_rows / group / unit * unit).max(unit);
             (unit, qb)
         };
         let mut isa = best;
@@ -286,6 +288,15 @@ impl Plan {
             blocks,
             splits,
         }
+    }
+}
+
+/// The rows a query block aims for on `tiles`' products.
+fn target_rows(tiles: Tiles) -> usize {
+    match tiles {
+        #[cfg(target_arch = "x86_64")]
+        Tiles::Amx => amx::TARGET_ROWS,
+        _ => TARGET_ROWS,
     }
 }
 
@@ -370,6 +381,7 @@ fn attend_with(best: Isa, tiles: Tiles, call: Call<'_>, out: &mut [f32]) {
         shape.kv_heads,
         call.start_pos,
         rayon::current_num_threads(),
+        target_rows(tiles),
     );
     let lanes = plan.isa.lanes();
     let mp_max = (plan.qb * group).next_multiple_of(lanes);

@@ -188,7 +188,15 @@ fn key_splits_merge_to_the_unsplit_result() {
         .expect("a 4-thread pool");
     pool4.install(|| {
         for isa in isas() {
-            let p = Plan::new(isa, 1, 4, 2, 2000, rayon::current_num_threads());
+            let p = Plan::new(
+                isa,
+                1,
+                4,
+                2,
+                2000,
+                rayon::current_num_threads(),
+                TARGET_ROWS,
+            );
             assert!(p.splits > 1, "{isa:?}: decode should split keys, got {p:?}");
         }
         check_case(shape(8, 2, 64, 64), 2000, 1, &[16], 5);
@@ -203,13 +211,13 @@ fn plan_gives_two_threads_work_for_smollm2_shapes() {
     // (48 rows = 3 AVX-512 vectors): 12 tasks, no split. Decode uses 8 lanes
     // where AVX2 exists and splits the keys into 2 (6 pieces for 2 threads).
     for isa in isas() {
-        let p = Plan::new(isa, 64, 3, 3, 4096, 2);
+        let p = Plan::new(isa, 64, 3, 3, 4096, 2, TARGET_ROWS);
         assert_eq!(
             (p.qb, p.blocks, p.splits),
             (16, 4, 1),
             "{isa:?} chunk: {p:?}"
         );
-        let d = Plan::new(isa, 1, 3, 3, 4096, 2);
+        let d = Plan::new(isa, 1, 3, 3, 4096, 2, TARGET_ROWS);
         assert_eq!(
             (d.qb, d.blocks, d.splits),
             (1, 1, 2),
@@ -220,7 +228,7 @@ fn plan_gives_two_threads_work_for_smollm2_shapes() {
         }
     }
     // Group 1 with one kv head: blocks shrink so 4 tasks exist.
-    let p = Plan::new(Isa::Portable, 64, 1, 1, 0, 2);
+    let p = Plan::new(Isa::Portable, 64, 1, 1, 0, 2, TARGET_ROWS);
     assert_eq!(p.blocks, 4, "{p:?}");
 }
 
