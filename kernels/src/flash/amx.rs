@@ -33,10 +33,11 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::bf16::{pack_queries, pack_weights};
-use super::{finish_piece, init_rows, softmax_tile, Call, Piece, Scratch, Sink, KEY_TILE, MAX_NR};
+use super::bf16::{
+    layout, pack_queries, pack_weights, start_state, tile_rows, Layout, State, INTERLEAVE,
+};
+use super::{finish_piece, softmax_tile, Call, Piece, Scratch, Sink, KEY_TILE};
 use crate::amx::{configure, TileConfig};
-use crate::paged::LayerRows;
 use crate::simd::Avx512;
 
 /// f32 lanes of a vector; rows, keys and pairs of a tile.
@@ -102,25 +103,21 @@ pub(super) fn usable(call: &Call<'_>) -> bool {
 /// `p` is one of its pieces planned for 16 lanes.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Sink<'_>) {
-    let shape = call.shape;
-    let group = shape.q_heads / shape.kv_heads;
-    let (hd, vd) = (shape.head_dim, shape.v_dim);
-    let rows = (p.i1 - p.i0) * group;
-    let mp = rows.next_multiple_of(L);
-    let mv = mp / L;
+    let Layout {
+        group,
+        hd,
+        vd,
+        rows,
+        mp,
+        mv,
+        kv,
+        k_off,
+        v_off,
+    } = layout(call, p);
+    let pool = call.pool;
     let dpp = (hd / 2).next_multiple_of(L);
     let vdp = vd.next_multiple_of(L);
     let kpp = KEY_TILE.div_ceil(2).next_multiple_of(L);
-    let pool = call.pool;
-    let LayerRows::Bf16(kv) = pool.layer_rows(call.layer) else {
-        unreachable!("AMX attention pieces read bf16 pools only")
-    };
-    let k_off = if call.latent { 0 } else { p.kvh * hd };
-    let v_off = if call.latent {
-        0
-    } else {
-        shape.kv_heads * hd + p.kvh * vd
-    };
     // Keys are read in place when a key block's 16 rows are one after
     // another and the head is a whole number of 32-dim steps.
     let in_place_dims = hd.is_multiple_of(2 * L);
@@ -133,12 +130,6 @@ pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Si
     b.p.resize(kpp * mp, 0);
     b.vt.resize(vdp * kpp, 0);
     b.o.resize(vdp * mp, 0.0);
-    let so = super::aligned(&mut sc.st, (KEY_TILE + MAX_NR) * mp);
-    let oo = super::aligned(&mut sc.ot, vd * mp);
-    let ro = super::aligned(&mut sc.rows, 4 * mp);
-    sc.ot[oo..oo + vd * mp].fill(0.0);
-    init_rows(&mut sc.rows[ro..ro + 4 * mp], rows, group);
-    let b = &mut sc.amx;
     let (qp, kb, pp, vt, ob) = (
         b.q.as_ptr(),
         b.k.as_mut_ptr(),
@@ -146,10 +137,14 @@ pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Si
         b.vt.as_mut_ptr(),
         b.o.as_mut_ptr(),
     );
-    let st = sc.st.as_mut_ptr().add(so);
-    let ot = sc.ot.as_mut_ptr().add(oo);
-    let rowp = sc.rows.as_mut_ptr().add(ro);
-    let (m, l, alpha, qoff) = (rowp, rowp.add(mp), rowp.add(2 * mp), rowp.add(3 * mp));
+    let State {
+        st,
+        ot,
+        m,
+        l,
+        alpha,
+        qoff,
+    } = start_state(sc, mp, vd, rows, group);
     let mp4 = mp * 4;
 
     let first_query = call.start_pos + p.i0;
@@ -157,14 +152,7 @@ pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Si
     while j0 < p.k1 {
         let j1 = (j0 + KEY_TILE).min(p.k1);
         let nk = j1 - j0;
-        let keys = &mut sc.amx.rows;
-        keys.clear();
-        pool.for_each_row(call.block_table, j0..j1, |_, o, _| {
-            keys.push(kv.as_ptr().add(o))
-        });
-        let last = keys[nk - 1];
-        keys.resize(nk + MAX_NR, last);
-        let rows_at = keys.as_ptr();
+        let rows_at = tile_rows(call, kv, j0..j1, &mut sc.amx.rows);
 
         // The `a` tile of each 16-key block: in place or copied.
         let nkb = nk.div_ceil(L);
@@ -381,17 +369,6 @@ unsafe fn transpose_values(
     kpp: usize,
     vt: *mut u32,
 ) {
-    // Word 2i from the first row's word i, word 2i + 1 from the second's.
-    const INTERLEAVE: [u16; 32] = {
-        let mut x = [0u16; 32];
-        let mut i = 0;
-        while i < 16 {
-            x[2 * i] = i as u16;
-            x[2 * i + 1] = 32 + i as u16;
-            i += 1;
-        }
-        x
-    };
     let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
     let kp = nk.div_ceil(2);
     for k0 in (0..kp).step_by(L) {

@@ -80,22 +80,17 @@ unsafe fn dot(acc: __m512, a: __m512i, b: __m512i) -> __m512 {
 /// lanes.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Sink<'_>) {
-    let shape = call.shape;
-    let group = shape.q_heads / shape.kv_heads;
-    let (hd, vd) = (shape.head_dim, shape.v_dim);
-    let rows = (p.i1 - p.i0) * group;
-    let mp = rows.next_multiple_of(L);
-    let mv = mp / L;
-    let pool = call.pool;
-    let LayerRows::Bf16(kv) = pool.layer_rows(call.layer) else {
-        unreachable!("bf16 attention pieces read bf16 pools only")
-    };
-    let k_off = if call.latent { 0 } else { p.kvh * hd };
-    let v_off = if call.latent {
-        0
-    } else {
-        shape.kv_heads * hd + p.kvh * vd
-    };
+    let Layout {
+        group,
+        hd,
+        vd,
+        rows,
+        mp,
+        mv,
+        kv,
+        k_off,
+        v_off,
+    } = layout(call, p);
 
     let b = &mut sc.bf16;
     pack_queries(call, p, mp, hd / 2, &mut b.q, &mut b.row);
@@ -106,30 +101,22 @@ pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Si
     if b.v.len() < pairs * vd {
         b.v.resize(pairs * vd, 0);
     }
-    let so = super::aligned(&mut sc.st, (KEY_TILE + MAX_NR) * mp);
-    let oo = super::aligned(&mut sc.ot, vd * mp);
-    let ro = super::aligned(&mut sc.rows, 4 * mp);
-    sc.ot[oo..oo + vd * mp].fill(0.0);
-    init_rows(&mut sc.rows[ro..ro + 4 * mp], rows, group);
     let (qp, pp, vp) = (b.q.as_ptr(), b.p.as_mut_ptr(), b.v.as_mut_ptr());
-    let st = sc.st.as_mut_ptr().add(so);
-    let ot = sc.ot.as_mut_ptr().add(oo);
-    let rowp = sc.rows.as_mut_ptr().add(ro);
-    let (m, l, alpha, qoff) = (rowp, rowp.add(mp), rowp.add(2 * mp), rowp.add(3 * mp));
+    let State {
+        st,
+        ot,
+        m,
+        l,
+        alpha,
+        qoff,
+    } = start_state(sc, mp, vd, rows, group);
 
     let first_query = call.start_pos + p.i0;
     let mut j0 = p.k0;
     while j0 < p.k1 {
         let j1 = (j0 + KEY_TILE).min(p.k1);
         let nk = j1 - j0;
-        let keys = &mut sc.bf16.rows;
-        keys.clear();
-        pool.for_each_row(call.block_table, j0..j1, |_, o, _| {
-            keys.push(kv.as_ptr().add(o))
-        });
-        let last = keys[nk - 1];
-        keys.resize(nk + MAX_NR, last);
-        let rows_at = keys.as_ptr();
+        let rows_at = tile_rows(call, kv, j0..j1, &mut sc.bf16.rows);
         qk_tile(qp, mp, mv, hd / 2, rows_at, k_off, nk, st);
         let mask = (j1 - 1 > first_query).then_some((first_query as isize - j0 as isize) as f32);
         softmax_tile::<Avx512>(st, mp, mv, nk, mask, qoff, m, l, alpha);
@@ -140,6 +127,111 @@ pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Si
     }
 
     finish_piece(call, p, mp, m, l, ot, sink);
+}
+
+/// Where a bf16 or AMX piece's rows and head values lie.
+pub(super) struct Layout<'a> {
+    /// Query heads per kv head.
+    pub group: usize,
+    /// Key and value widths of a head.
+    pub hd: usize,
+    pub vd: usize,
+    /// The piece's real rows, padded to `mp` (`mv` vectors).
+    pub rows: usize,
+    pub mp: usize,
+    pub mv: usize,
+    /// The layer's bf16 rows.
+    pub kv: &'a [u16],
+    /// Offsets of the piece's key and value head inside a row.
+    pub k_off: usize,
+    pub v_off: usize,
+}
+
+/// The [`Layout`] of piece `p` of `call` (a bf16 pool).
+pub(super) fn layout<'a>(call: &Call<'a>, p: Piece) -> Layout<'a> {
+    let shape = call.shape;
+    let group = shape.q_heads / shape.kv_heads;
+    let (hd, vd) = (shape.head_dim, shape.v_dim);
+    let rows = (p.i1 - p.i0) * group;
+    let mp = rows.next_multiple_of(L);
+    let LayerRows::Bf16(kv) = call.pool.layer_rows(call.layer) else {
+        unreachable!("bf16 and AMX attention pieces read bf16 pools only")
+    };
+    let (k_off, v_off) = if call.latent {
+        (0, 0)
+    } else {
+        (p.kvh * hd, shape.kv_heads * hd + p.kvh * vd)
+    };
+    Layout {
+        group,
+        hd,
+        vd,
+        rows,
+        mp,
+        mv: mp / L,
+        kv,
+        k_off,
+        v_off,
+    }
+}
+
+/// A piece's f32 state in its thread's [`Scratch`] (pointers into it).
+pub(super) struct State {
+    /// `Sᵀ` then `Pᵀ` of a tile, `[KEY_TILE + MAX_NR][mp]`.
+    pub st: *mut f32,
+    /// `Oᵀ [v_dim][mp]`.
+    pub ot: *mut f32,
+    /// Running max, running sum, rescale factor and query offset per row.
+    pub m: *mut f32,
+    pub l: *mut f32,
+    pub alpha: *mut f32,
+    pub qoff: *mut f32,
+}
+
+/// Sizes `sc`'s f32 buffers for a piece of `rows` real rows (`mp` with
+/// padding) of `group` heads per query and `vd` value columns, zeroes `Oᵀ`
+/// and starts the per-row state ([`init_rows`]).
+pub(super) fn start_state(
+    sc: &mut Scratch,
+    mp: usize,
+    vd: usize,
+    rows: usize,
+    group: usize,
+) -> State {
+    let so = super::aligned(&mut sc.st, (KEY_TILE + MAX_NR) * mp);
+    let oo = super::aligned(&mut sc.ot, vd * mp);
+    let ro = super::aligned(&mut sc.rows, 4 * mp);
+    sc.ot[oo..oo + vd * mp].fill(0.0);
+    init_rows(&mut sc.rows[ro..ro + 4 * mp], rows, group);
+    let rowp = sc.rows[ro..].as_mut_ptr();
+    // SAFETY: `rows` holds 4·mp values from `ro` (sized just above).
+    let (l, alpha, qoff) = unsafe { (rowp.add(mp), rowp.add(2 * mp), rowp.add(3 * mp)) };
+    State {
+        st: sc.st[so..].as_mut_ptr(),
+        ot: sc.ot[oo..].as_mut_ptr(),
+        m: rowp,
+        l,
+        alpha,
+        qoff,
+    }
+}
+
+/// The bf16 rows of keys `keys` of `call`'s sequence in `kv` (its layer's
+/// buffer) as pointers in `dst`, padded with the last one to
+/// `len + MAX_NR` (for whole key blocks); returns them.
+pub(super) fn tile_rows(
+    call: &Call<'_>,
+    kv: &[u16],
+    keys: std::ops::Range<usize>,
+    dst: &mut Vec<*const u16>,
+) -> *const *const u16 {
+    let nk = keys.len();
+    dst.clear();
+    call.pool
+        .for_each_row(call.block_table, keys, |_, o, _| dst.push(kv[o..].as_ptr()));
+    let last = dst[nk - 1];
+    dst.resize(nk + MAX_NR, last);
+    dst.as_ptr()
 }
 
 /// The piece's query rows as pre-scaled bf16 pairs `[dpp][mp]` in `q`
@@ -295,6 +387,19 @@ pub(super) unsafe fn pack_weights(pt: *const f32, mp: usize, mv: usize, nk: usiz
     }
 }
 
+/// `vpermt2w` indices interleaving two rows' first 16 words: word `2i` from
+/// the first row's word `i`, word `2i + 1` from the second's.
+pub(super) const INTERLEAVE: [u16; 32] = {
+    let mut x = [0u16; 32];
+    let mut i = 0;
+    while i < 16 {
+        x[2 * i] = i as u16;
+        x[2 * i + 1] = 32 + i as u16;
+        i += 1;
+    }
+    x
+};
+
 /// The value rows of the tile's keys (`rows_at[key] + v_off`, bf16) as
 /// value pairs at `dst` (`[key pair][vd]` dwords, `(V[2k][c], V[2k+1][c])`;
 /// the key past an odd `nk` is zero).
@@ -303,24 +408,13 @@ pub(super) unsafe fn pack_weights(pt: *const f32, mp: usize, mv: usize, nk: usiz
 /// `rows_at` has `nk` row pointers with `v_off + vd` readable values each,
 /// `dst` has room for `nk.div_ceil(2)·vd` dwords.
 #[inline(always)]
-pub(super) unsafe fn pack_values(
+unsafe fn pack_values(
     rows_at: *const *const u16,
     v_off: usize,
     nk: usize,
     vd: usize,
     dst: *mut u32,
 ) {
-    // Word 2i from the first row's word i, word 2i + 1 from the second's.
-    const INTERLEAVE: [u16; 32] = {
-        let mut x = [0u16; 32];
-        let mut i = 0;
-        while i < 16 {
-            x[2 * i] = i as u16;
-            x[2 * i + 1] = 32 + i as u16;
-            i += 1;
-        }
-        x
-    };
     let lo = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
     let hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
     for k in 0..nk.div_ceil(2) {

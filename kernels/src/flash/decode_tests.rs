@@ -292,27 +292,8 @@ fn batched_latent_decode_equals_per_sequence_tiled() {
                     Some(kernel),
                     &mut out,
                 );
-                for (i, sq) in seqs.iter().enumerate() {
-                    let what = format!(
-                        "{isa:?} {kernel:?} {dtype:?} latent {heads}×{width} ctx {}",
-                        b.ctx[i]
-                    );
-                    let q = &b.q[sq.row * qw..(sq.row + 1) * qw];
-                    let mut tiled = vec![0.0; ow];
-                    tiled_f32(
-                        q,
-                        &b.pool,
-                        1,
-                        sq.block_table,
-                        sq.pos,
-                        &s,
-                        true,
-                        scale,
-                        &mut tiled,
-                    );
-                    let got = &out[sq.row * ow..(sq.row + 1) * ow];
-                    assert_close(got, &tiled, 2e-5, &what);
-                }
+                let what = format!("{isa:?} {kernel:?} {dtype:?} latent {heads}×{width}");
+                assert_latent_like_tiled(&b, &s, scale, &out, 2e-5, &what);
             }
         }
     }
@@ -339,24 +320,39 @@ fn latent_decode_on_the_best_products_matches_the_f32_tiles() {
         let mut out = vec![f32::NAN; (seqs.len() + 1) * ow];
         latent_decode_attention_batch(&b.q, &b.pool, 1, &seqs, heads, vd, scale, &mut out);
         let s = AttnShape::latent(heads, width, vd, "test");
-        for (i, sq) in seqs.iter().enumerate() {
-            let q = &b.q[sq.row * qw..(sq.row + 1) * qw];
-            let mut tiled = vec![0.0; ow];
-            tiled_f32(
-                q,
-                &b.pool,
-                1,
-                sq.block_table,
-                sq.pos,
-                &s,
-                true,
-                scale,
-                &mut tiled,
-            );
-            let got = &out[sq.row * ow..(sq.row + 1) * ow];
-            let what = format!("best products, latent {heads}×{width} ctx {}", b.ctx[i]);
-            assert_close(got, &tiled, 1e-2, &what);
-        }
+        let what = format!("best products, latent {heads}×{width}");
+        assert_latent_like_tiled(&b, &s, scale, &out, 1e-2, &what);
+    }
+}
+
+/// Asserts that each sequence's row of the latent decode output `out` is
+/// within `rel · max|out|` of the f32 tiled kernel run on that sequence
+/// alone (`s` from `AttnShape::latent`).
+fn assert_latent_like_tiled(
+    b: &Batch,
+    s: &AttnShape,
+    scale: f32,
+    out: &[f32],
+    rel: f32,
+    what: &str,
+) {
+    let (qw, ow) = (s.q_heads * s.head_dim, s.q_heads * s.v_dim);
+    for (i, sq) in b.seqs().iter().enumerate() {
+        let q = &b.q[sq.row * qw..(sq.row + 1) * qw];
+        let mut tiled = vec![0.0; ow];
+        tiled_f32(
+            q,
+            &b.pool,
+            1,
+            sq.block_table,
+            sq.pos,
+            s,
+            true,
+            scale,
+            &mut tiled,
+        );
+        let got = &out[sq.row * ow..(sq.row + 1) * ow];
+        assert_close(got, &tiled, rel, &format!("{what} ctx {}", b.ctx[i]));
     }
 }
 
