@@ -19,10 +19,11 @@
 //!   (their VNNI layout already), padded with zero pairs.
 //! - `Oᵀ[c][row] += Σ_k Vᵀ[c][k] · P[k][row]`: the `b` tile is 16 key pairs
 //!   of the weight pairs of [`super::bf16::pack_weights`]; the `a` tile
-//!   holds 16 value columns × 16 key pairs, the tile's value pairs of
-//!   [`super::bf16::pack_values`] transposed by 16 × 16 dword transposes
-//!   (once per tile, shared by every row vector). A tile's products go to a
-//!   buffer, then `Oᵀ = α·Oᵀ + O_tile` with the rows in the lanes.
+//!   holds 16 value columns × 16 key pairs, made from the value rows by
+//!   interleaving each pair's two rows and a 16 × 16 dword transpose in
+//!   registers (once per tile, shared by every row vector). A tile's
+//!   products go to a buffer, then `Oᵀ = α·Oᵀ + O_tile` with the rows in the
+//!   lanes.
 //!
 //! Results are blocked 2 × 2 (two `a` tiles by two `b` tiles into four
 //! result tiles per step: four loads for four products). Numerics are the
@@ -60,6 +61,9 @@ const CONFIG: TileConfig = TileConfig::new()
 /// heads: 8–10% faster than at 64 rows, no gain at 192).
 pub(super) const TARGET_ROWS: usize = 128;
 
+/// 16-key blocks of a key tile (the last one may be partial).
+const KEY_BLOCKS: usize = KEY_TILE.div_ceil(L);
+
 /// [`configure`] key of [`CONFIG`] (panel kernels use 1..=16).
 const CONFIG_KEY: u32 = 32;
 
@@ -72,7 +76,8 @@ pub(super) struct Buffers {
     row: Vec<u32>,
     /// The tile's bf16 row pointers, padded like [`Scratch::krows`].
     rows: Vec<*const u16>,
-    /// Copied key blocks `[16][2·dpp]` (for blocks not read in place).
+    /// Copied key blocks `[KEY_BLOCKS · 16][2·dpp]` (for blocks not read in
+    /// place).
     k: Vec<u16>,
     /// The tile's weight pairs `[kpp][mp]`.
     p: Vec<u32>,
@@ -126,7 +131,7 @@ pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Si
     configure(CONFIG_KEY, &CONFIG);
     let b = &mut sc.amx;
     pack_queries(call, p, mp, dpp, &mut b.q, &mut b.row);
-    b.k.resize((KEY_TILE + L) * 2 * dpp, 0);
+    b.k.resize(KEY_BLOCKS * L * 2 * dpp, 0);
     b.p.resize(kpp * mp, 0);
     b.vt.resize(vdp * kpp, 0);
     b.o.resize(vdp * mp, 0.0);
@@ -156,7 +161,7 @@ pub(super) unsafe fn piece(call: &Call<'_>, p: Piece, sc: &mut Scratch, sink: Si
 
         // The `a` tile of each 16-key block: in place or copied.
         let nkb = nk.div_ceil(L);
-        let mut a_at = [(std::ptr::null::<u8>(), 0usize); (KEY_TILE + L) / L];
+        let mut a_at = [(std::ptr::null::<u8>(), 0usize); KEY_BLOCKS];
         for (kbi, at) in a_at.iter_mut().enumerate().take(nkb) {
             let first = *rows_at.add(kbi * L);
             let whole = kbi * L + L <= nk;
