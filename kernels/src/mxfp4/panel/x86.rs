@@ -51,6 +51,257 @@ pub(super) unsafe fn block_scales(scales: *const u8, special: bool) -> __m512 {
     _mm512_castsi512_ps(sbits)
 }
 
+/// [`tile_avx512`] for 8 activation rows, its block in assembly: LLVM
+/// hoisted the block's 64 activation broadcasts ahead of their `vpdpbusd`s
+/// and spilled them, and the f32 accumulators, to the stack (half the
+/// instructions of the loop were spill traffic). Here each `vpdpbusd` takes
+/// its four activation bytes as an embedded broadcast, and the codes, the
+/// lookups and the 8 int32 accumulators stay in registers. Same integer sums
+/// and f32 steps as the intrinsics, so the same bits.
+///
+/// # Safety
+/// As [`tile_avx512`] with `MR = 8`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
+unsafe fn tile8<const PREFETCH: bool>(t: &Tile<'_>, xs: &RowsQ<'_>, out: *mut f32) {
+    const MR: usize = 8;
+    let nb = t.nb;
+    let cols = nb * BLOCK_ELEMS;
+    debug_assert!(xs.q.len() == MR * cols && xs.d.len() == MR * nb && xs.c.len() == MR * nb);
+    let codes = t.code_bytes().as_ptr();
+    let (xq, xd, xc) = (xs.q.as_ptr(), xs.d.as_ptr(), xs.c.as_ptr());
+    // SAFETY (whole body): every address below stays inside the panel's
+    // nb·256 code bytes and nb·16 scales, or the tile's 8 activation rows
+    // (row i of block b at xq + i·cols + 32·b, 32 bytes); prefetches never
+    // fault.
+    unsafe {
+        let lut = _mm512_loadu_si512(LUT64.as_ptr().cast());
+        let mut facc = [_mm512_setzero_ps(); MR];
+        for b in 0..nb {
+            let cb = codes.add(b * 256);
+            let x0 = xq.add(b * BLOCK_ELEMS);
+            let (x3, x6) = (x0.add(3 * cols), x0.add(6 * cols));
+            let mut a = [_mm512_setzero_si512(); MR];
+            for (i, a) in a.iter_mut().enumerate() {
+                *a = _mm512_set1_epi32(*xc.add(i * nb + b));
+            }
+            if PREFETCH {
+                std::arch::asm!(
+                    "prefetcht0 [{cb} + {pf0}]",
+                    "vmovdqa64 {pk}, [{cb} + 0]",
+                    "vpsrlw {whi}, {pk}, 4",
+                    "vpermb {wlo}, {pk}, {lut}",
+                    "vpermb {whi}, {whi}, {lut}",
+                    "vpdpbusd {a0}, {wlo}, dword ptr [{x0} + 0]{{1to16}}",
+                    "vpdpbusd {a0}, {whi}, dword ptr [{x0} + 16]{{1to16}}",
+                    "vpdpbusd {a1}, {wlo}, dword ptr [{x0} + {s} + 0]{{1to16}}",
+                    "vpdpbusd {a1}, {whi}, dword ptr [{x0} + {s} + 16]{{1to16}}",
+                    "vpdpbusd {a2}, {wlo}, dword ptr [{x0} + {s}*2 + 0]{{1to16}}",
+                    "vpdpbusd {a2}, {whi}, dword ptr [{x0} + {s}*2 + 16]{{1to16}}",
+                    "vpdpbusd {a3}, {wlo}, dword ptr [{x3} + 0]{{1to16}}",
+                    "vpdpbusd {a3}, {whi}, dword ptr [{x3} + 16]{{1to16}}",
+                    "vpdpbusd {a4}, {wlo}, dword ptr [{x0} + {s}*4 + 0]{{1to16}}",
+                    "vpdpbusd {a4}, {whi}, dword ptr [{x0} + {s}*4 + 16]{{1to16}}",
+                    "vpdpbusd {a5}, {wlo}, dword ptr [{x3} + {s}*2 + 0]{{1to16}}",
+                    "vpdpbusd {a5}, {whi}, dword ptr [{x3} + {s}*2 + 16]{{1to16}}",
+                    "vpdpbusd {a6}, {wlo}, dword ptr [{x6} + 0]{{1to16}}",
+                    "vpdpbusd {a6}, {whi}, dword ptr [{x6} + 16]{{1to16}}",
+                    "vpdpbusd {a7}, {wlo}, dword ptr [{x6} + {s} + 0]{{1to16}}",
+                    "vpdpbusd {a7}, {whi}, dword ptr [{x6} + {s} + 16]{{1to16}}",
+                    "prefetcht0 [{cb} + {pf1}]",
+                    "vmovdqa64 {pk}, [{cb} + 64]",
+                    "vpsrlw {whi}, {pk}, 4",
+                    "vpermb {wlo}, {pk}, {lut}",
+                    "vpermb {whi}, {whi}, {lut}",
+                    "vpdpbusd {a0}, {wlo}, dword ptr [{x0} + 4]{{1to16}}",
+                    "vpdpbusd {a0}, {whi}, dword ptr [{x0} + 20]{{1to16}}",
+                    "vpdpbusd {a1}, {wlo}, dword ptr [{x0} + {s} + 4]{{1to16}}",
+                    "vpdpbusd {a1}, {whi}, dword ptr [{x0} + {s} + 20]{{1to16}}",
+                    "vpdpbusd {a2}, {wlo}, dword ptr [{x0} + {s}*2 + 4]{{1to16}}",
+                    "vpdpbusd {a2}, {whi}, dword ptr [{x0} + {s}*2 + 20]{{1to16}}",
+                    "vpdpbusd {a3}, {wlo}, dword ptr [{x3} + 4]{{1to16}}",
+                    "vpdpbusd {a3}, {whi}, dword ptr [{x3} + 20]{{1to16}}",
+                    "vpdpbusd {a4}, {wlo}, dword ptr [{x0} + {s}*4 + 4]{{1to16}}",
+                    "vpdpbusd {a4}, {whi}, dword ptr [{x0} + {s}*4 + 20]{{1to16}}",
+                    "vpdpbusd {a5}, {wlo}, dword ptr [{x3} + {s}*2 + 4]{{1to16}}",
+                    "vpdpbusd {a5}, {whi}, dword ptr [{x3} + {s}*2 + 20]{{1to16}}",
+                    "vpdpbusd {a6}, {wlo}, dword ptr [{x6} + 4]{{1to16}}",
+                    "vpdpbusd {a6}, {whi}, dword ptr [{x6} + 20]{{1to16}}",
+                    "vpdpbusd {a7}, {wlo}, dword ptr [{x6} + {s} + 4]{{1to16}}",
+                    "vpdpbusd {a7}, {whi}, dword ptr [{x6} + {s} + 20]{{1to16}}",
+                    "prefetcht0 [{cb} + {pf2}]",
+                    "vmovdqa64 {pk}, [{cb} + 128]",
+                    "vpsrlw {whi}, {pk}, 4",
+                    "vpermb {wlo}, {pk}, {lut}",
+                    "vpermb {whi}, {whi}, {lut}",
+                    "vpdpbusd {a0}, {wlo}, dword ptr [{x0} + 8]{{1to16}}",
+                    "vpdpbusd {a0}, {whi}, dword ptr [{x0} + 24]{{1to16}}",
+                    "vpdpbusd {a1}, {wlo}, dword ptr [{x0} + {s} + 8]{{1to16}}",
+                    "vpdpbusd {a1}, {whi}, dword ptr [{x0} + {s} + 24]{{1to16}}",
+                    "vpdpbusd {a2}, {wlo}, dword ptr [{x0} + {s}*2 + 8]{{1to16}}",
+                    "vpdpbusd {a2}, {whi}, dword ptr [{x0} + {s}*2 + 24]{{1to16}}",
+                    "vpdpbusd {a3}, {wlo}, dword ptr [{x3} + 8]{{1to16}}",
+                    "vpdpbusd {a3}, {whi}, dword ptr [{x3} + 24]{{1to16}}",
+                    "vpdpbusd {a4}, {wlo}, dword ptr [{x0} + {s}*4 + 8]{{1to16}}",
+                    "vpdpbusd {a4}, {whi}, dword ptr [{x0} + {s}*4 + 24]{{1to16}}",
+                    "vpdpbusd {a5}, {wlo}, dword ptr [{x3} + {s}*2 + 8]{{1to16}}",
+                    "vpdpbusd {a5}, {whi}, dword ptr [{x3} + {s}*2 + 24]{{1to16}}",
+                    "vpdpbusd {a6}, {wlo}, dword ptr [{x6} + 8]{{1to16}}",
+                    "vpdpbusd {a6}, {whi}, dword ptr [{x6} + 24]{{1to16}}",
+                    "vpdpbusd {a7}, {wlo}, dword ptr [{x6} + {s} + 8]{{1to16}}",
+                    "vpdpbusd {a7}, {whi}, dword ptr [{x6} + {s} + 24]{{1to16}}",
+                    "prefetcht0 [{cb} + {pf3}]",
+                    "vmovdqa64 {pk}, [{cb} + 192]",
+                    "vpsrlw {whi}, {pk}, 4",
+                    "vpermb {wlo}, {pk}, {lut}",
+                    "vpermb {whi}, {whi}, {lut}",
+                    "vpdpbusd {a0}, {wlo}, dword ptr [{x0} + 12]{{1to16}}",
+                    "vpdpbusd {a0}, {whi}, dword ptr [{x0} + 28]{{1to16}}",
+                    "vpdpbusd {a1}, {wlo}, dword ptr [{x0} + {s} + 12]{{1to16}}",
+                    "vpdpbusd {a1}, {whi}, dword ptr [{x0} + {s} + 28]{{1to16}}",
+                    "vpdpbusd {a2}, {wlo}, dword ptr [{x0} + {s}*2 + 12]{{1to16}}",
+                    "vpdpbusd {a2}, {whi}, dword ptr [{x0} + {s}*2 + 28]{{1to16}}",
+                    "vpdpbusd {a3}, {wlo}, dword ptr [{x3} + 12]{{1to16}}",
+                    "vpdpbusd {a3}, {whi}, dword ptr [{x3} + 28]{{1to16}}",
+                    "vpdpbusd {a4}, {wlo}, dword ptr [{x0} + {s}*4 + 12]{{1to16}}",
+                    "vpdpbusd {a4}, {whi}, dword ptr [{x0} + {s}*4 + 28]{{1to16}}",
+                    "vpdpbusd {a5}, {wlo}, dword ptr [{x3} + {s}*2 + 12]{{1to16}}",
+                    "vpdpbusd {a5}, {whi}, dword ptr [{x3} + {s}*2 + 28]{{1to16}}",
+                    "vpdpbusd {a6}, {wlo}, dword ptr [{x6} + 12]{{1to16}}",
+                    "vpdpbusd {a6}, {whi}, dword ptr [{x6} + 28]{{1to16}}",
+                    "vpdpbusd {a7}, {wlo}, dword ptr [{x6} + {s} + 12]{{1to16}}",
+                    "vpdpbusd {a7}, {whi}, dword ptr [{x6} + {s} + 28]{{1to16}}",
+                    cb = in(reg) cb,
+                    x0 = in(reg) x0,
+                    x3 = in(reg) x3,
+                    x6 = in(reg) x6,
+                    s = in(reg) cols,
+                    lut = in(zmm_reg) lut,
+                    pk = out(zmm_reg) _,
+                    wlo = out(zmm_reg) _,
+                    whi = out(zmm_reg) _,
+                    a0 = inout(zmm_reg) a[0],
+                    a1 = inout(zmm_reg) a[1],
+                    a2 = inout(zmm_reg) a[2],
+                    a3 = inout(zmm_reg) a[3],
+                    a4 = inout(zmm_reg) a[4],
+                    a5 = inout(zmm_reg) a[5],
+                    a6 = inout(zmm_reg) a[6],
+                    a7 = inout(zmm_reg) a[7],
+                    pf0 = const PREFETCH_BYTES,
+                    pf1 = const PREFETCH_BYTES + 64,
+                    pf2 = const PREFETCH_BYTES + 128,
+                    pf3 = const PREFETCH_BYTES + 192,
+                    options(nostack, readonly, preserves_flags),
+                );
+            } else {
+                std::arch::asm!(
+                    "vmovdqa64 {pk}, [{cb} + 0]",
+                    "vpsrlw {whi}, {pk}, 4",
+                    "vpermb {wlo}, {pk}, {lut}",
+                    "vpermb {whi}, {whi}, {lut}",
+                    "vpdpbusd {a0}, {wlo}, dword ptr [{x0} + 0]{{1to16}}",
+                    "vpdpbusd {a0}, {whi}, dword ptr [{x0} + 16]{{1to16}}",
+                    "vpdpbusd {a1}, {wlo}, dword ptr [{x0} + {s} + 0]{{1to16}}",
+                    "vpdpbusd {a1}, {whi}, dword ptr [{x0} + {s} + 16]{{1to16}}",
+                    "vpdpbusd {a2}, {wlo}, dword ptr [{x0} + {s}*2 + 0]{{1to16}}",
+                    "vpdpbusd {a2}, {whi}, dword ptr [{x0} + {s}*2 + 16]{{1to16}}",
+                    "vpdpbusd {a3}, {wlo}, dword ptr [{x3} + 0]{{1to16}}",
+                    "vpdpbusd {a3}, {whi}, dword ptr [{x3} + 16]{{1to16}}",
+                    "vpdpbusd {a4}, {wlo}, dword ptr [{x0} + {s}*4 + 0]{{1to16}}",
+                    "vpdpbusd {a4}, {whi}, dword ptr [{x0} + {s}*4 + 16]{{1to16}}",
+                    "vpdpbusd {a5}, {wlo}, dword ptr [{x3} + {s}*2 + 0]{{1to16}}",
+                    "vpdpbusd {a5}, {whi}, dword ptr [{x3} + {s}*2 + 16]{{1to16}}",
+                    "vpdpbusd {a6}, {wlo}, dword ptr [{x6} + 0]{{1to16}}",
+                    "vpdpbusd {a6}, {whi}, dword ptr [{x6} + 16]{{1to16}}",
+                    "vpdpbusd {a7}, {wlo}, dword ptr [{x6} + {s} + 0]{{1to16}}",
+                    "vpdpbusd {a7}, {whi}, dword ptr [{x6} + {s} + 16]{{1to16}}",
+                    "vmovdqa64 {pk}, [{cb} + 64]",
+                    "vpsrlw {whi}, {pk}, 4",
+                    "vpermb {wlo}, {pk}, {lut}",
+                    "vpermb {whi}, {whi}, {lut}",
+                    "vpdpbusd {a0}, {wlo}, dword ptr [{x0} + 4]{{1to16}}",
+                    "vpdpbusd {a0}, {whi}, dword ptr [{x0} + 20]{{1to16}}",
+                    "vpdpbusd {a1}, {wlo}, dword ptr [{x0} + {s} + 4]{{1to16}}",
+                    "vpdpbusd {a1}, {whi}, dword ptr [{x0} + {s} + 20]{{1to16}}",
+                    "vpdpbusd {a2}, {wlo}, dword ptr [{x0} + {s}*2 + 4]{{1to16}}",
+                    "vpdpbusd {a2}, {whi}, dword ptr [{x0} + {s}*2 + 20]{{1to16}}",
+                    "vpdpbusd {a3}, {wlo}, dword ptr [{x3} + 4]{{1to16}}",
+                    "vpdpbusd {a3}, {whi}, dword ptr [{x3} + 20]{{1to16}}",
+                    "vpdpbusd {a4}, {wlo}, dword ptr [{x0} + {s}*4 + 4]{{1to16}}",
+                    "vpdpbusd {a4}, {whi}, dword ptr [{x0} + {s}*4 + 20]{{1to16}}",
+                    "vpdpbusd {a5}, {wlo}, dword ptr [{x3} + {s}*2 + 4]{{1to16}}",
+                    "vpdpbusd {a5}, {whi}, dword ptr [{x3} + {s}*2 + 20]{{1to16}}",
+                    "vpdpbusd {a6}, {wlo}, dword ptr [{x6} + 4]{{1to16}}",
+                    "vpdpbusd {a6}, {whi}, dword ptr [{x6} + 20]{{1to16}}",
+                    "vpdpbusd {a7}, {wlo}, dword ptr [{x6} + {s} + 4]{{1to16}}",
+                    "vpdpbusd {a7}, {whi}, dword ptr [{x6} + {s} + 20]{{1to16}}",
+                    "vmovdqa64 {pk}, [{cb} + 128]",
+                    "vpsrlw {whi}, {pk}, 4",
+                    "vpermb {wlo}, {pk}, {lut}",
+                    "vpermb {whi}, {whi}, {lut}",
+                    "vpdpbusd {a0}, {wlo}, dword ptr [{x0} + 8]{{1to16}}",
+                    "vpdpbusd {a0}, {whi}, dword ptr [{x0} + 24]{{1to16}}",
+                    "vpdpbusd {a1}, {wlo}, dword ptr [{x0} + {s} + 8]{{1to16}}",
+                    "vpdpbusd {a1}, {whi}, dword ptr [{x0} + {s} + 24]{{1to16}}",
+                    "vpdpbusd {a2}, {wlo}, dword ptr [{x0} + {s}*2 + 8]{{1to16}}",
+                    "vpdpbusd {a2}, {whi}, dword ptr [{x0} + {s}*2 + 24]{{1to16}}",
+                    "vpdpbusd {a3}, {wlo}, dword ptr [{x3} + 8]{{1to16}}",
+                    "vpdpbusd {a3}, {whi}, dword ptr [{x3} + 24]{{1to16}}",
+                    "vpdpbusd {a4}, {wlo}, dword ptr [{x0} + {s}*4 + 8]{{1to16}}",
+                    "vpdpbusd {a4}, {whi}, dword ptr [{x0} + {s}*4 + 24]{{1to16}}",
+                    "vpdpbusd {a5}, {wlo}, dword ptr [{x3} + {s}*2 + 8]{{1to16}}",
+                    "vpdpbusd {a5}, {whi}, dword ptr [{x3} + {s}*2 + 24]{{1to16}}",
+                    "vpdpbusd {a6}, {wlo}, dword ptr [{x6} + 8]{{1to16}}",
+                    "vpdpbusd {a6}, {whi}, dword ptr [{x6} + 24]{{1to16}}",
+                    "vpdpbusd {a7}, {wlo}, dword ptr [{x6} + {s} + 8]{{1to16}}",
+                    "vpdpbusd {a7}, {whi}, dword ptr [{x6} + {s} + 24]{{1to16}}",
+                    "vmovdqa64 {pk}, [{cb} + 192]",
+                    "vpsrlw {whi}, {pk}, 4",
+                    "vpermb {wlo}, {pk}, {lut}",
+                    "vpermb {whi}, {whi}, {lut}",
+                    "vpdpbusd {a0}, {wlo}, dword ptr [{x0} + 12]{{1to16}}",
+                    "vpdpbusd {a0}, {whi}, dword ptr [{x0} + 28]{{1to16}}",
+                    "vpdpbusd {a1}, {wlo}, dword ptr [{x0} + {s} + 12]{{1to16}}",
+                    "vpdpbusd {a1}, {whi}, dword ptr [{x0} + {s} + 28]{{1to16}}",
+                    "vpdpbusd {a2}, {wlo}, dword ptr [{x0} + {s}*2 + 12]{{1to16}}",
+                    "vpdpbusd {a2}, {whi}, dword ptr [{x0} + {s}*2 + 28]{{1to16}}",
+                    "vpdpbusd {a3}, {wlo}, dword ptr [{x3} + 12]{{1to16}}",
+                    "vpdpbusd {a3}, {whi}, dword ptr [{x3} + 28]{{1to16}}",
+                    "vpdpbusd {a4}, {wlo}, dword ptr [{x0} + {s}*4 + 12]{{1to16}}",
+                    "vpdpbusd {a4}, {whi}, dword ptr [{x0} + {s}*4 + 28]{{1to16}}",
+                    "vpdpbusd {a5}, {wlo}, dword ptr [{x3} + {s}*2 + 12]{{1to16}}",
+                    "vpdpbusd {a5}, {whi}, dword ptr [{x3} + {s}*2 + 28]{{1to16}}",
+                    "vpdpbusd {a6}, {wlo}, dword ptr [{x6} + 12]{{1to16}}",
+                    "vpdpbusd {a6}, {whi}, dword ptr [{x6} + 28]{{1to16}}",
+                    "vpdpbusd {a7}, {wlo}, dword ptr [{x6} + {s} + 12]{{1to16}}",
+                    "vpdpbusd {a7}, {whi}, dword ptr [{x6} + {s} + 28]{{1to16}}",
+                    cb = in(reg) cb,
+                    x0 = in(reg) x0,
+                    x3 = in(reg) x3,
+                    x6 = in(reg) x6,
+                    s = in(reg) cols,
+                    lut = in(zmm_reg) lut,
+                    pk = out(zmm_reg) _,
+                    wlo = out(zmm_reg) _,
+                    whi = out(zmm_reg) _,
+                    a0 = inout(zmm_reg) a[0],
+                    a1 = inout(zmm_reg) a[1],
+                    a2 = inout(zmm_reg) a[2],
+                    a3 = inout(zmm_reg) a[3],
+                    a4 = inout(zmm_reg) a[4],
+                    a5 = inout(zmm_reg) a[5],
+                    a6 = inout(zmm_reg) a[6],
+                    a7 = inout(zmm_reg) a[7],
+                    options(nostack, readonly, preserves_flags),
+                );
+            }
+            let ws = block_scales(t.scales.as_ptr().add(b * 16), t.special);
+            scale_add(&mut facc, &a, ws, xd, nb, b);
+        }
+        store_rows(&facc, out, t.rows, t.valid);
+    }
+}
+
 /// The `MR × 16` AVX-512 tile: per block, `MR` int32 accumulators start at
 /// `−12·Σq` and take 8 `vpdpbusd` each (four activation bytes broadcast
 /// against 16 rows × 4 codes looked up by `vpermb`), then
@@ -66,6 +317,10 @@ pub(super) unsafe fn tile_avx512<const MR: usize, const PREFETCH: bool>(
     xs: &RowsQ<'_>,
     out: *mut f32,
 ) {
+    if MR == 8 {
+        // SAFETY: the caller's contract, with MR = 8.
+        return unsafe { tile8::<PREFETCH>(t, xs, out) };
+    }
     let nb = t.nb;
     let cols = nb * BLOCK_ELEMS;
     debug_assert!(xs.q.len() == MR * cols && xs.d.len() == MR * nb && xs.c.len() == MR * nb);
