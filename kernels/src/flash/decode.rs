@@ -823,27 +823,15 @@ unsafe fn qk_keys<S: DecSimd, T: KvElem, const GB: usize>(
 ) {
     let lanes = S::LANES;
     let full = hd / lanes;
-    if full * lanes == hd && full <= 4 {
-        let mut qv = [[S::zero(); 4]; GB];
-        for (r, row) in qv.iter_mut().enumerate() {
-            for (c, v) in row.iter_mut().enumerate().take(full) {
-                *v = S::load(q.add(r * hdp + c * lanes));
-            }
+    if full * lanes == hd {
+        let args = (q, hdp, base, koff, part, stride);
+        match full {
+            1 => return qk_whole::<S, T, GB, 1>(args),
+            2 => return qk_whole::<S, T, GB, 2>(args),
+            3 => return qk_whole::<S, T, GB, 3>(args),
+            4 => return qk_whole::<S, T, GB, 4>(args),
+            _ => {}
         }
-        for (kk, &off) in koff.iter().enumerate() {
-            let k = base.add(off);
-            let mut acc = [S::zero(); GB];
-            for c in 0..full {
-                let kv = T::load::<S>(k.add(c * lanes));
-                for (a, row) in acc.iter_mut().zip(&qv) {
-                    *a = S::fma(kv, row[c], *a);
-                }
-            }
-            for (r, &a) in acc.iter().enumerate() {
-                S::store(part.add(r * stride + kk * lanes), a);
-            }
-        }
-        return;
     }
     for (kk, &off) in koff.iter().enumerate() {
         let k = base.add(off);
@@ -858,6 +846,38 @@ unsafe fn qk_keys<S: DecSimd, T: KvElem, const GB: usize>(
             let kv = T::load_part::<S>(k.add(full * lanes), hd - full * lanes);
             for (r, a) in acc.iter_mut().enumerate() {
                 *a = S::fma(kv, S::load(q.add(r * hdp + full * lanes)), *a);
+            }
+        }
+        for (r, &a) in acc.iter().enumerate() {
+            S::store(part.add(r * stride + kk * lanes), a);
+        }
+    }
+}
+
+/// [`qk_keys`] for a head dimension of `FULL` whole vectors: the loop over
+/// them unrolled, so the `GB` heads' query vectors stay in registers across
+/// the keys (with a run-time count LLVM kept them on the stack).
+///
+/// # Safety
+/// As [`qk_keys`], with `hd = FULL·LANES`.
+#[inline(always)]
+unsafe fn qk_whole<S: DecSimd, T: KvElem, const GB: usize, const FULL: usize>(
+    (q, hdp, base, koff, part, stride): (*const f32, usize, *const T, &[usize], *mut f32, usize),
+) {
+    let lanes = S::LANES;
+    let mut qv = [[S::zero(); FULL]; GB];
+    for (r, row) in qv.iter_mut().enumerate() {
+        for (c, v) in row.iter_mut().enumerate() {
+            *v = S::load(q.add(r * hdp + c * lanes));
+        }
+    }
+    for (kk, &off) in koff.iter().enumerate() {
+        let k = base.add(off);
+        let mut acc = [S::zero(); GB];
+        for c in 0..FULL {
+            let kv = T::load::<S>(k.add(c * lanes));
+            for (a, row) in acc.iter_mut().zip(&qv) {
+                *a = S::fma(kv, row[c], *a);
             }
         }
         for (r, &a) in acc.iter().enumerate() {
