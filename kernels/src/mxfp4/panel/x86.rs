@@ -51,6 +51,22 @@ pub(super) unsafe fn block_scales(scales: *const u8, special: bool) -> __m512 {
     _mm512_castsi512_ps(sbits)
 }
 
+/// The int32 accumulators of block `b` for `MR` activation rows, each at its
+/// row's `−12·Σq` (`xc`, `nb` blocks a row).
+///
+/// # Safety
+/// AVX-512F present; `xc` holds `MR · nb` values.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn acc_start<const MR: usize>(xc: *const i32, nb: usize, b: usize) -> [__m512i; MR] {
+    let mut acc = [_mm512_setzero_si512(); MR];
+    for (i, a) in acc.iter_mut().enumerate() {
+        // SAFETY: the caller's contract.
+        *a = _mm512_set1_epi32(unsafe { *xc.add(i * nb + b) });
+    }
+    acc
+}
+
 /// The assembly of one code line of an 8-row block ([`tile8`]): 4 bytes of
 /// 16 rows' codes at `[cb + code]`, their low and high nibbles looked up, and
 /// 2 `vpdpbusd` per activation row against the row's activation bytes `lo`
@@ -179,10 +195,7 @@ unsafe fn tile8<const PREFETCH: bool>(t: &Tile<'_>, xs: &RowsQ<'_>, out: *mut f3
             let cb = codes.add(b * 256);
             let x0 = xq.add(b * BLOCK_ELEMS);
             let (x3, x6) = (x0.add(3 * cols), x0.add(6 * cols));
-            let mut a = [_mm512_setzero_si512(); MR];
-            for (i, a) in a.iter_mut().enumerate() {
-                *a = _mm512_set1_epi32(*xc.add(i * nb + b));
-            }
+            let mut a = acc_start::<MR>(xc, nb, b);
             if PREFETCH {
                 vnni8!(
                     cb,
@@ -256,10 +269,7 @@ pub(super) unsafe fn tile_avx512<const MR: usize, const PREFETCH: bool>(
         let mut facc = [_mm512_setzero_ps(); MR];
         for b in 0..nb {
             let cb = codes.add(b * 256);
-            let mut acc = [_mm512_setzero_si512(); MR];
-            for (i, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_set1_epi32(*xc.add(i * nb + b));
-            }
+            let mut acc = acc_start::<MR>(xc, nb, b);
             for v in 0..4 {
                 if PREFETCH {
                     // A hint: never faults, whatever the address.
