@@ -51,6 +51,31 @@ pub(super) unsafe fn block_scales(scales: *const u8, special: bool) -> __m512 {
     _mm512_castsi512_ps(sbits)
 }
 
+/// `acc + Σ` of `w`'s unsigned bytes times the four signed bytes at `x`
+/// (broadcast), as `_mm512_dpbusd_epi32`, the broadcast embedded in the
+/// instruction. In assembly so that the compiler keeps each one where the
+/// loop has it: with the intrinsics LLVM hoisted a block's activation
+/// broadcasts ahead of their products and spilled them (and the f32
+/// accumulators) to the stack.
+///
+/// # Safety
+/// AVX-512 VNNI present; 4 bytes readable at `x`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dpbusd_bcast(mut acc: __m512i, w: __m512i, x: *const u8) -> __m512i {
+    // SAFETY: the caller's contract; the instruction reads 4 bytes at `x`.
+    unsafe {
+        std::arch::asm!(
+            "vpdpbusd {a}, {w}, dword ptr [{x}]{{1to16}}",
+            a = inout(zmm_reg) acc,
+            w = in(zmm_reg) w,
+            x = in(reg) x,
+            options(nostack, readonly, preserves_flags),
+        );
+    }
+    acc
+}
+
 /// The int32 accumulators of block `b` for `MR` activation rows, each at its
 /// row's `−12·Σq` (`xc`, `nb` blocks a row).
 ///
@@ -171,8 +196,11 @@ macro_rules! vnni8 {
 /// and spilled them, and the f32 accumulators, to the stack (half the
 /// instructions of the loop were spill traffic). Here each `vpdpbusd` takes
 /// its four activation bytes as an embedded broadcast, and the codes, the
-/// lookups and the 8 int32 accumulators stay in registers. Same integer sums
-/// and f32 steps as the intrinsics, so the same bits.
+/// lookups and the 8 int32 accumulators stay in registers. Other tile
+/// heights issue each `vpdpbusd` as its own one-instruction `asm!`
+/// ([`dpbusd_bcast`]), which keeps them in order too; at 8 rows the whole
+/// block as one template measured faster. Same integer sums and f32 steps
+/// as the intrinsics, so the same bits.
 ///
 /// # Safety
 /// As [`tile_avx512`] with `MR = 8`.
@@ -280,10 +308,8 @@ pub(super) unsafe fn tile_avx512<const MR: usize, const PREFETCH: bool>(
                 let whi = _mm512_permutexvar_epi8(_mm512_srli_epi16::<4>(pk), lut);
                 for (i, a) in acc.iter_mut().enumerate() {
                     let xr = xq.add(i * cols + b * BLOCK_ELEMS);
-                    let lo = _mm512_set1_epi32(xr.add(4 * v).cast::<i32>().read_unaligned());
-                    let hi = _mm512_set1_epi32(xr.add(16 + 4 * v).cast::<i32>().read_unaligned());
-                    *a = _mm512_dpbusd_epi32(*a, wlo, lo);
-                    *a = _mm512_dpbusd_epi32(*a, whi, hi);
+                    *a = dpbusd_bcast(*a, wlo, xr.add(4 * v));
+                    *a = dpbusd_bcast(*a, whi, xr.add(16 + 4 * v));
                 }
             }
             let ws = block_scales(t.scales.as_ptr().add(b * 16), t.special);
