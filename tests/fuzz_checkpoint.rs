@@ -149,6 +149,21 @@ fn mutate(mut config: Value, edits: &[Edit]) -> Value {
     config
 }
 
+/// A scratch folder with `model`'s fixture files and `config` as its
+/// `config.json`.
+fn beside_weights(model: &str, config: &Value) -> PathBuf {
+    let dir = scratch();
+    for entry in std::fs::read_dir(fixture(model)).expect("fixture dir") {
+        let entry = entry.expect("entry");
+        let name = entry.file_name();
+        if name != "config.json" {
+            std::fs::copy(entry.path(), dir.join(&name)).expect("copy");
+        }
+    }
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("write config");
+    dir
+}
+
 /// A mutated config: parsed into an Arch; beside the real weights, loaded
 /// as a model and, when that works, run for one short prompt.
 fn config_case(model: &str, edits: &[Edit], load: bool) -> Result<(), TestCaseError> {
@@ -160,16 +175,7 @@ fn config_case(model: &str, edits: &[Edit], load: bool) -> Result<(), TestCaseEr
     if !load {
         return Ok(());
     }
-    let dir = scratch();
-    let src = fixture(model);
-    for entry in std::fs::read_dir(&src).expect("fixture dir") {
-        let entry = entry.expect("entry");
-        let name = entry.file_name();
-        if name != "config.json" {
-            std::fs::copy(entry.path(), dir.join(&name)).expect("copy");
-        }
-    }
-    std::fs::write(dir.join("config.json"), config.to_string()).expect("write config");
+    let dir = beside_weights(model, &config);
     if let Ok(m) = caracal::models::load(&dir) {
         let info = m.info().clone();
         if info.kv_layers * info.kv_width <= 1 << 20 && info.vocab_size <= 1 << 20 {
@@ -465,6 +471,43 @@ fn huge_config_dims_are_refused_when_the_config_is_read() {
         a.kv_width(),
         (1 << 24) + c["qk_rope_head_dim"].as_u64().unwrap() as usize
     );
+}
+
+/// Found by `mutated_configs_beside_real_weights_load_or_fail`: a Llama
+/// config with `rope_parameters.rope_theta = -1` loaded, its rotary
+/// frequencies were NaN, and the first forward panicked when it checked that
+/// the step's rotary table was made by the layer's own rotary embedding (NaN
+/// is not equal to itself). Rotary settings are now checked when the config
+/// is read, and the table check compares bits.
+#[test]
+fn rotary_settings_that_give_no_frequencies_are_refused() {
+    for (key, value) in [
+        ("rope_theta", json!(-1)),
+        ("rope_theta", json!(0.5)),
+        ("rope_theta", json!(1.0)),
+    ] {
+        let mut c = config_of("tiny-llama");
+        c["rope_parameters"][key] = value.clone();
+        let e = Arch::from_config(&c)
+            .err()
+            .unwrap_or_else(|| panic!("{key} = {value} accepted"));
+        assert!(e.to_string().contains(key), "{e}");
+    }
+    let mut c = config_of("tiny-llama");
+    c["rope_parameters"] = json!({"rope_type": "linear", "factor": -2.0, "rope_theta": 10000.0});
+    let e = Arch::from_config(&c)
+        .err()
+        .expect("a negative factor is refused");
+    assert!(e.to_string().contains("factor"), "{e}");
+    // The case as found: beside the real weights, a clear load error.
+    let mut c = config_of("tiny-llama");
+    c["rope_parameters"]["rope_theta"] = json!(-1);
+    let dir = beside_weights("tiny-llama", &c);
+    let e = caracal::models::load(&dir)
+        .err()
+        .expect("the model is refused");
+    assert!(e.to_string().contains("rope_theta"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -402,9 +402,16 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
-    /// Whether `rope` (same frequencies and factor) made this table.
+    /// Whether `rope` (same frequencies and factor, bit for bit, so that a
+    /// NaN frequency still matches itself) made this table.
     pub fn made_by(&self, rope: &Rope) -> bool {
-        self.inv_freq == rope.inv_freq && self.attention_factor == rope.attention_factor
+        self.inv_freq.len() == rope.inv_freq.len()
+            && self
+                .inv_freq
+                .iter()
+                .zip(&rope.inv_freq)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+            && self.attention_factor.to_bits() == rope.attention_factor.to_bits()
     }
 }
 

@@ -103,7 +103,61 @@ pub fn rope_from_config(value: &Value, default_theta: f32) -> Result<(f32, RopeS
             )))
         }
     };
+    check_rope(theta, &scaling)?;
     Ok((theta, scaling))
+}
+
+/// Refuses rotary settings whose frequencies are not finite positive
+/// numbers: a base of at most 1 (a negative one gives NaN frequencies) or a
+/// scaling factor that is not positive.
+fn check_rope(theta: f32, scaling: &RopeScaling) -> Result<()> {
+    if !(theta.is_finite() && theta > 1.0) {
+        return Err(Error::Config(format!(
+            "`rope_theta` must be a finite number > 1, got {theta}"
+        )));
+    }
+    let positive = |name: &str, v: f32| {
+        if v.is_finite() && v > 0.0 {
+            Ok(())
+        } else {
+            Err(Error::Config(format!(
+                "rope scaling `{name}` must be a finite number > 0, got {v}"
+            )))
+        }
+    };
+    match scaling {
+        RopeScaling::Default => Ok(()),
+        RopeScaling::Linear { factor } => positive("factor", *factor),
+        RopeScaling::Yarn {
+            factor,
+            beta_fast,
+            beta_slow,
+            original_max_position_embeddings,
+            ..
+        } => {
+            positive("factor", *factor)?;
+            positive("beta_fast", *beta_fast)?;
+            positive("beta_slow", *beta_slow)?;
+            positive(
+                "original_max_position_embeddings",
+                *original_max_position_embeddings as f32,
+            )
+        }
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            positive("factor", *factor)?;
+            positive("low_freq_factor", *low_freq_factor)?;
+            positive("high_freq_factor", *high_freq_factor)?;
+            positive(
+                "original_max_position_embeddings",
+                *original_max_position_embeddings as f32,
+            )
+        }
+    }
 }
 
 /// Stop ids: `eos_token_id` of `generation_config.json` (number or list),
