@@ -116,47 +116,38 @@ fn check_rope(theta: f32, scaling: &RopeScaling) -> Result<()> {
             "`rope_theta` must be a finite number > 1, got {theta}"
         )));
     }
-    let positive = |name: &str, v: f32| {
-        if v.is_finite() && v > 0.0 {
-            Ok(())
-        } else {
-            Err(Error::Config(format!(
-                "rope scaling `{name}` must be a finite number > 0, got {v}"
-            )))
-        }
-    };
-    match scaling {
-        RopeScaling::Default => Ok(()),
-        RopeScaling::Linear { factor } => positive("factor", *factor),
+    let fields: &[(&str, f32)] = match *scaling {
+        RopeScaling::Default => &[],
+        RopeScaling::Linear { factor } => &[("factor", factor)],
         RopeScaling::Yarn {
             factor,
             beta_fast,
             beta_slow,
-            original_max_position_embeddings,
+            original_max_position_embeddings: orig,
             ..
-        } => {
-            positive("factor", *factor)?;
-            positive("beta_fast", *beta_fast)?;
-            positive("beta_slow", *beta_slow)?;
-            positive(
-                "original_max_position_embeddings",
-                *original_max_position_embeddings as f32,
-            )
-        }
+        } => &[
+            ("factor", factor),
+            ("beta_fast", beta_fast),
+            ("beta_slow", beta_slow),
+            ("original_max_position_embeddings", orig as f32),
+        ],
         RopeScaling::Llama3 {
             factor,
             low_freq_factor,
             high_freq_factor,
-            original_max_position_embeddings,
-        } => {
-            positive("factor", *factor)?;
-            positive("low_freq_factor", *low_freq_factor)?;
-            positive("high_freq_factor", *high_freq_factor)?;
-            positive(
-                "original_max_position_embeddings",
-                *original_max_position_embeddings as f32,
-            )
-        }
+            original_max_position_embeddings: orig,
+        } => &[
+            ("factor", factor),
+            ("low_freq_factor", low_freq_factor),
+            ("high_freq_factor", high_freq_factor),
+            ("original_max_position_embeddings", orig as f32),
+        ],
+    };
+    match fields.iter().find(|(_, v)| !(v.is_finite() && *v > 0.0)) {
+        Some((name, v)) => Err(Error::Config(format!(
+            "rope scaling `{name}` must be a finite number > 0, got {v}"
+        ))),
+        None => Ok(()),
     }
 }
 
