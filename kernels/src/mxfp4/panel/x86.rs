@@ -196,8 +196,8 @@ macro_rules! vnni8 {
 /// and spilled them, and the f32 accumulators, to the stack (half the
 /// instructions of the loop were spill traffic). Here each `vpdpbusd` takes
 /// its four activation bytes as an embedded broadcast, and the codes, the
-/// lookups and the 8 int32 accumulators stay in registers. Other tile
-/// heights issue each `vpdpbusd` as its own one-instruction `asm!`
+/// lookups and the 8 int32 accumulators stay in registers. Tiles of 2–7
+/// rows issue each `vpdpbusd` as its own one-instruction `asm!`
 /// ([`dpbusd_bcast`]), which keeps them in order too; at 8 rows the whole
 /// block as one template measured faster. Same integer sums and f32 steps
 /// as the intrinsics, so the same bits.
@@ -308,8 +308,19 @@ pub(super) unsafe fn tile_avx512<const MR: usize, const PREFETCH: bool>(
                 let whi = _mm512_permutexvar_epi8(_mm512_srli_epi16::<4>(pk), lut);
                 for (i, a) in acc.iter_mut().enumerate() {
                     let xr = xq.add(i * cols + b * BLOCK_ELEMS);
-                    *a = dpbusd_bcast(*a, wlo, xr.add(4 * v));
-                    *a = dpbusd_bcast(*a, whi, xr.add(16 + 4 * v));
+                    if MR == 1 {
+                        // One row (single-sequence decode): nothing to
+                        // hoist, and the intrinsics fold the broadcasts
+                        // into the address modes of the loop.
+                        let lo = _mm512_set1_epi32(xr.add(4 * v).cast::<i32>().read_unaligned());
+                        let hi =
+                            _mm512_set1_epi32(xr.add(16 + 4 * v).cast::<i32>().read_unaligned());
+                        *a = _mm512_dpbusd_epi32(*a, wlo, lo);
+                        *a = _mm512_dpbusd_epi32(*a, whi, hi);
+                    } else {
+                        *a = dpbusd_bcast(*a, wlo, xr.add(4 * v));
+                        *a = dpbusd_bcast(*a, whi, xr.add(16 + 4 * v));
+                    }
                 }
             }
             let ws = block_scales(t.scales.as_ptr().add(b * 16), t.special);
