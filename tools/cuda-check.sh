@@ -28,16 +28,30 @@ for l in sys.stdin:
     ls -la target/gpu
     ;;
 run)
-    lib=$(for d in ${LD_LIBRARY_PATH//:/ } /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    # NVRTC: a toolkit's lib folder, or the pip wheel (nvidia-cuda-nvrtc)
+    # that Python images carry under site-packages/nvidia/*/lib.
+    pip_nv=$(python3 -c 'import nvidia, os; print(" ".join(sorted({os.path.join(r, "lib") for r in [os.path.join(p, d) for p in nvidia.__path__ for d in os.listdir(p)]})))' 2>/dev/null || true)
+    lib=$(for d in ${LD_LIBRARY_PATH//:/ } /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $pip_nv; do
         ls "$d"/libnvrtc.so* 2>/dev/null || true
     done | grep -v builtins | head -1)
+    mkdir -p /tmp/nv
     if [ -n "$lib" ]; then
-        mkdir -p /tmp/nv && ln -sf "$lib" /tmp/nv/libnvrtc.so
+        ln -sf "$lib" /tmp/nv/libnvrtc.so
         export LD_LIBRARY_PATH="/tmp/nv:$(dirname "$lib"):${LD_LIBRARY_PATH:-}"
     fi
+    # The driver library: cudarc asks for libcuda.so, which a driver mount
+    # may hold only as libcuda.so.1.
+    cuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so/ {print $NF; exit}')
+    [ -z "$cuda" ] && cuda=$(ls /usr/local/nvidia/lib64/libcuda.so* /usr/lib/x86_64-linux-gnu/libcuda.so* 2>/dev/null | head -1)
+    if [ -n "$cuda" ]; then
+        ln -sf "$cuda" /tmp/nv/libcuda.so
+        export LD_LIBRARY_PATH="/tmp/nv:${LD_LIBRARY_PATH:-}"
+    fi
     echo "nvrtc: ${lib:-not found}"
+    echo "libcuda: ${cuda:-not found}"
+    ldd --version | sed -n 1p
     nvidia-smi -L || true
-    CARACAL_REQUIRE_CUDA=1 target/gpu/kernels_tests cuda --nocapture
+    CARACAL_REQUIRE_CUDA=1 target/gpu/kernels_tests cuda --nocapture --test-threads 1
     target/gpu/cuda_gemv_bench
     ;;
 *)

@@ -8,8 +8,9 @@
 //! `Matrix::matmul` (f32 activation mode). Every call reads its weights from
 //! HBM, not L2: the loop rotates through enough uploaded copies of the matrix
 //! (≥ `ROTATE_BYTES`) that none is still cached when it comes round again.
-//! Besides the automatic launch plan it times every rows-per-warp choice
-//! (`rt1`, `rt2`, `rt4`, effective GB/s) to guide the default.
+//! Besides the automatic launch plan it times every rows-per-warp choice,
+//! with staged and direct activations (`rt1` … `rt4dx`, effective GB/s), to guide
+//! the defaults.
 //!
 //! Run: `cargo run --release -p caracal-kernels --features cuda --example cuda_gemv_bench`.
 //! Without a device (or without the `cuda` feature) it prints a `SKIPPED:`
@@ -142,23 +143,29 @@ mod bench {
             let mut line = format!(
                 "{dtype:>5} [{rows:>5} x {cols:>5}] n={n}: {ev_text:>8} us/call (events), \
                  {wall:8.2} us (wall), {:7.1} GB/s, max|gpu-cpu| {max_err:.2e}, \
-                 auto rt{} grid {}",
+                 auto rt{}{} grid {}; GB/s by kernel:",
                 bytes as f64 / (us * 1e3),
                 plan.rows_per_warp,
+                if plan.direct_x { "dx" } else { "" },
                 plan.grid
             );
-            for rt in [1, 2, 4] {
-                for c in copies.iter_mut() {
-                    c.set_rows_per_warp(Some(rt))?;
+            for dx in [false, true] {
+                for rt in [1, 2, 4] {
+                    for c in copies.iter_mut() {
+                        c.set_rows_per_warp(Some(rt))?;
+                        c.set_direct_x(Some(dx));
+                    }
+                    let (ev_rt, wall_rt) = time_calls(dev, &copies, &xd, n, &mut yd)?;
+                    let tag = if dx { "dx" } else { "" };
+                    line.push_str(&format!(
+                        " | rt{rt}{tag} {:6.1}",
+                        bytes as f64 / (ev_rt.unwrap_or(wall_rt) * 1e3)
+                    ));
                 }
-                let (ev_rt, wall_rt) = time_calls(dev, &copies, &xd, n, &mut yd)?;
-                line.push_str(&format!(
-                    " | rt{rt} {:7.1} GB/s",
-                    bytes as f64 / (ev_rt.unwrap_or(wall_rt) * 1e3)
-                ));
             }
             for c in copies.iter_mut() {
                 c.set_rows_per_warp(None)?;
+                c.set_direct_x(None);
             }
             println!("{line}");
         }

@@ -15,16 +15,20 @@
 //!
 //! ## Kernel shape
 //!
-//! One kernel per (dtype, `N` ∈ {1, 2, 4, 8}, `RT` ∈ {1, 2, 4}), all from the
-//! template `caracal_gemv<N, RT, Format>` below:
+//! One kernel per (dtype, `N` ∈ {1, 2, 4, 8}, `RT` ∈ {1, 2, 4}, staged or
+//! direct activations), all from the template `caracal_gemv<N, RT, DX, Format>`:
 //! - A block is 8 warps. Each warp owns `RT` consecutive weight rows and
 //!   walks their whole length, lane `l` taking 16-byte chunks `l, l+32, …`
 //!   of every row, so each warp-wide load is 512 contiguous bytes. A lane
 //!   issues `RT · U` chunk loads (`U = 4/RT`, at least 1) before using any.
-//! - The block stages `kt_max` columns of the `N` activation rows at a time
-//!   in shared memory (≤ 36 KiB), padded by 4 floats per 32 so that the
-//!   `float4` reads of consecutive lanes fall in distinct banks. Rows
-//!   `n..N` of the stage are zeros; the template is chosen as the smallest
+//! - Activations, two ways (`DX`): the *direct* kernels (BF16 and Q8_0 by
+//!   default, see [`default_direct_x`]) read each lane's `float4`s of x from
+//!   global memory, where every warp of the SM reading the same x keeps it
+//!   in L1, with no shared memory and no block barrier. The *staged*
+//!   kernels (MXFP4) copy `kt_max` columns of the `N` activation rows at a
+//!   time to shared memory (≤ 36 KiB), padded by 4 floats per 32 so that the
+//!   `float4` reads of consecutive lanes fall in distinct banks. Rows `n..N`
+//!   read as zeros either way; the template is chosen as the smallest
 //!   `N ≥ n`, and batches above 8 run as several launches of ≤ 8 rows.
 //! - Decoding is in registers: bf16 is a shift or a mask; int8 is a byte
 //!   permute plus one exact float subtraction (no conversion instruction);
@@ -200,10 +204,37 @@ struct CaracalMxfp4 {
     }
 };
 
+// Loads the U chunks c0, c0+32, ... of each of a warp's RT rows (and their
+// scales); chunks at or past nch read as zeros with a zero scale.
+template <int U, int RT, class F>
+__device__ __forceinline__ void caracal_load(const F& f, const int (&rc)[RT], int cb, int c0,
+                                             int nch, uint4 (&q)[U][RT], float (&s)[U][RT]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = c0 + 32 * u;
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+            if (c < nch) {
+                q[u][r] = __ldg(f.w + (unsigned long long)rc[r] * f.chunks_per_row + (cb + c));
+                s[u][r] = f.scale(rc[r], cb + c);
+            } else {
+                q[u][r].x = 0u;
+                q[u][r].y = 0u;
+                q[u][r].z = 0u;
+                q[u][r].w = 0u;
+                s[u][r] = 0.0f;
+            }
+        }
+    }
+}
+
 // y[i, row] = sum_k x[i, k] * W[row, k] for i < n <= N, rows of W in format F.
 // Each warp owns RT consecutive rows and walks their whole length; the block
 // stages kt_max columns of the N activation rows in shared memory at a time.
-template <int N, int RT, class F>
+// With DX the activations are not staged: each lane reads its float4s of x
+// straight from global memory (L1-cached, as every warp of the SM reads the
+// same x), kt_max is cols and the block never synchronises.
+template <int N, int RT, bool DX, class F>
 __device__ __forceinline__ void caracal_gemv(const F& f, const float* __restrict__ x,
                                              float* __restrict__ y, int rows, int cols,
                                              int n, int kt_max) {
@@ -224,9 +255,9 @@ __device__ __forceinline__ void caracal_gemv(const F& f, const float* __restrict
     }
     for (int k0 = 0; k0 < cols; k0 += kt_max) {
         const int kt = caracal_min(kt_max, cols - k0);
-        __syncthreads();
+        if (!DX) __syncthreads();
 #pragma unroll
-        for (int i = 0; i < N; ++i) {
+        for (int i = 0; i < N && !DX; ++i) {
             float* xsi = xs + i * ld;
             if (i < n) {
                 const float* xr = x + (unsigned long long)i * cols + k0;
@@ -235,30 +266,14 @@ __device__ __forceinline__ void caracal_gemv(const F& f, const float* __restrict
                 for (int k = threadIdx.x; k < kt; k += blockDim.x) xsi[caracal_xpad(k)] = 0.0f;
             }
         }
-        __syncthreads();
+        if (!DX) __syncthreads();
         if (row0 < rows) {
             const int nch = kt / E;
             const int cb = k0 / E;
             for (int c0 = lane; c0 < nch; c0 += 32 * U) {
                 uint4 q[U][RT];
                 float s[U][RT];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const int c = c0 + 32 * u;
-#pragma unroll
-                    for (int r = 0; r < RT; ++r) {
-                        if (c < nch) {
-                            q[u][r] = __ldg(f.w + (unsigned long long)rc[r] * f.chunks_per_row + (cb + c));
-                            s[u][r] = f.scale(rc[r], cb + c);
-                        } else {
-                            q[u][r].x = 0u;
-                            q[u][r].y = 0u;
-                            q[u][r].z = 0u;
-                            q[u][r].w = 0u;
-                            s[u][r] = 0.0f;
-                        }
-                    }
-                }
+                caracal_load<U, RT>(f, rc, cb, c0, nch, q, s);
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const int c = c0 + 32 * u;
@@ -277,8 +292,16 @@ __device__ __forceinline__ void caracal_gemv(const F& f, const float* __restrict
                             const int off = caracal_xpad(c * E + 4 * g);
                             float4 xv[N];
 #pragma unroll
-                            for (int i = 0; i < N; ++i)
-                                xv[i] = *reinterpret_cast<const float4*>(xs + i * ld + off);
+                            for (int i = 0; i < N; ++i) {
+                                if (!DX) {
+                                    xv[i] = *reinterpret_cast<const float4*>(xs + i * ld + off);
+                                } else if (i < n) {
+                                    xv[i] = __ldg(reinterpret_cast<const float4*>(
+                                        x + (unsigned long long)i * cols + k0 + c * E + 4 * g));
+                                } else {
+                                    xv[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                                }
+                            }
 #pragma unroll
                             for (int r = 0; r < RT; ++r) {
                                 float v[4];
@@ -330,16 +353,16 @@ __device__ __forceinline__ void caracal_gemv(const F& f, const float* __restrict
     }
 }
 
-#define CARACAL_GEMV_KERNELS(N, RT)                                                          \
-    extern "C" __global__ void __launch_bounds__(256, 2) caracal_gemv_bf16_n##N##_r##RT(        \
+#define CARACAL_GEMV_KERNELS(N, RT, DX, SFX)                                                      \
+    extern "C" __global__ void __launch_bounds__(256, 2) caracal_gemv_bf16_n##N##_r##RT##SFX(        \
         const uint4* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,     \
         int rows, int cols, int n, int kt_max) {                                             \
         CaracalBf16 f;                                                                       \
         f.w = w;                                                                             \
         f.chunks_per_row = cols / 8;                                                         \
-        caracal_gemv<N, RT>(f, x, y, rows, cols, n, kt_max);                                 \
+        caracal_gemv<N, RT, DX>(f, x, y, rows, cols, n, kt_max);                                 \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256, 2) caracal_gemv_q8_0_n##N##_r##RT(        \
+    extern "C" __global__ void __launch_bounds__(256, 2) caracal_gemv_q8_0_n##N##_r##RT##SFX(        \
         const uint4* __restrict__ w, const float* __restrict__ scales,                       \
         const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int n,       \
         int kt_max) {                                                                        \
@@ -348,9 +371,9 @@ __device__ __forceinline__ void caracal_gemv(const F& f, const float* __restrict
         f.chunks_per_row = cols / 16;                                                        \
         f.scales = scales;                                                                   \
         f.blocks_per_row = cols / 32;                                                        \
-        caracal_gemv<N, RT>(f, x, y, rows, cols, n, kt_max);                                 \
+        caracal_gemv<N, RT, DX>(f, x, y, rows, cols, n, kt_max);                                 \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256, 2) caracal_gemv_mxfp4_n##N##_r##RT(       \
+    extern "C" __global__ void __launch_bounds__(256, 2) caracal_gemv_mxfp4_n##N##_r##RT##SFX(       \
         const uint4* __restrict__ w, const unsigned char* __restrict__ scales,               \
         const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int n,       \
         int kt_max) {                                                                        \
@@ -360,21 +383,33 @@ __device__ __forceinline__ void caracal_gemv(const F& f, const float* __restrict
         f.chunks_per_row = cols / 32;                                                        \
         f.scales = scales;                                                                   \
         f.lut = caracal_smem_addr(caracal_e2m1_smem);                                        \
-        caracal_gemv<N, RT>(f, x, y, rows, cols, n, kt_max);                                 \
+        caracal_gemv<N, RT, DX>(f, x, y, rows, cols, n, kt_max);                                 \
     }
 
-CARACAL_GEMV_KERNELS(1, 1)
-CARACAL_GEMV_KERNELS(1, 2)
-CARACAL_GEMV_KERNELS(1, 4)
-CARACAL_GEMV_KERNELS(2, 1)
-CARACAL_GEMV_KERNELS(2, 2)
-CARACAL_GEMV_KERNELS(2, 4)
-CARACAL_GEMV_KERNELS(4, 1)
-CARACAL_GEMV_KERNELS(4, 2)
-CARACAL_GEMV_KERNELS(4, 4)
-CARACAL_GEMV_KERNELS(8, 1)
-CARACAL_GEMV_KERNELS(8, 2)
-CARACAL_GEMV_KERNELS(8, 4)
+CARACAL_GEMV_KERNELS(1, 1, false, )
+CARACAL_GEMV_KERNELS(1, 1, true, _dx)
+CARACAL_GEMV_KERNELS(1, 2, false, )
+CARACAL_GEMV_KERNELS(1, 2, true, _dx)
+CARACAL_GEMV_KERNELS(1, 4, false, )
+CARACAL_GEMV_KERNELS(1, 4, true, _dx)
+CARACAL_GEMV_KERNELS(2, 1, false, )
+CARACAL_GEMV_KERNELS(2, 1, true, _dx)
+CARACAL_GEMV_KERNELS(2, 2, false, )
+CARACAL_GEMV_KERNELS(2, 2, true, _dx)
+CARACAL_GEMV_KERNELS(2, 4, false, )
+CARACAL_GEMV_KERNELS(2, 4, true, _dx)
+CARACAL_GEMV_KERNELS(4, 1, false, )
+CARACAL_GEMV_KERNELS(4, 1, true, _dx)
+CARACAL_GEMV_KERNELS(4, 2, false, )
+CARACAL_GEMV_KERNELS(4, 2, true, _dx)
+CARACAL_GEMV_KERNELS(4, 4, false, )
+CARACAL_GEMV_KERNELS(4, 4, true, _dx)
+CARACAL_GEMV_KERNELS(8, 1, false, )
+CARACAL_GEMV_KERNELS(8, 1, true, _dx)
+CARACAL_GEMV_KERNELS(8, 2, false, )
+CARACAL_GEMV_KERNELS(8, 2, true, _dx)
+CARACAL_GEMV_KERNELS(8, 4, false, )
+CARACAL_GEMV_KERNELS(8, 4, true, _dx)
 "#;
 
 /// The full CUDA source NVRTC compiles: prelude, then the kernels.
@@ -392,9 +427,11 @@ fn dtype_tag(dtype: DType) -> Option<&'static str> {
     }
 }
 
-/// Name of the kernel for a dtype tag, batch template `n` and rows per warp.
-fn kernel_name(tag: &str, n: usize, rows_per_warp: usize) -> String {
-    format!("caracal_gemv_{tag}_n{n}_r{rows_per_warp}")
+/// Name of the kernel for a dtype tag, batch template `n`, rows per warp and
+/// whether it reads the activations straight from global memory.
+fn kernel_name(tag: &str, n: usize, rows_per_warp: usize, direct_x: bool) -> String {
+    let dx = if direct_x { "_dx" } else { "" };
+    format!("caracal_gemv_{tag}_n{n}_r{rows_per_warp}{dx}")
 }
 
 /// Every kernel the module defines (what [`CudaDevice::open`] loads).
@@ -403,7 +440,9 @@ pub fn kernel_names() -> Vec<String> {
     for tag in ["bf16", "q8_0", "mxfp4"] {
         for n in TEMPLATE_N {
             for rt in ROWS_PER_WARP {
-                names.push(kernel_name(tag, n, rt));
+                for dx in [false, true] {
+                    names.push(kernel_name(tag, n, rt, dx));
+                }
             }
         }
     }
@@ -419,6 +458,9 @@ pub struct LaunchPlan {
     pub template_n: usize,
     /// Weight rows each warp owns (`RT`).
     pub rows_per_warp: usize,
+    /// Whether the kernel reads the activations from global memory instead
+    /// of staging them in shared memory (`DX`).
+    pub direct_x: bool,
     /// Blocks in the grid (`ceil(rows / (8 · RT))`).
     pub grid: u32,
     /// Columns of activations staged in shared memory at a time (multiple of 32).
@@ -439,8 +481,40 @@ pub fn default_rows_per_warp(rows: usize, sm_count: usize) -> usize {
     1
 }
 
+/// Whether a launch reads x directly when the caller does not choose: yes
+/// for BF16 and Q8_0, no for MXFP4.
+///
+/// Measured on an H200 (`cuda_gemv_bench`, n = 1 and 8, three shapes):
+/// reading x through L1 instead of staging it beat staging by 1.1–1.2× at
+/// n = 1 and 1.5–2.4× at n = 8 for BF16 (e.g. [4096 × 14336] n = 8: 609 →
+/// 1486 GB/s), and for Q8_0 at its best rows per warp (n = 8 [4096 ×
+/// 14336]: 349 → 742 GB/s). MXFP4's kernels, already at the 128-register
+/// cap with their table decode, spill when x comes from global memory and
+/// ran at 0.4–0.9× of the staged ones, so they keep the stage.
+pub fn default_direct_x(dtype: DType) -> bool {
+    dtype != DType::Mxfp4
+}
+
+/// Rows per warp for a launch when the caller does not choose:
+/// [`default_rows_per_warp`], except that Q8_0's direct 8-row kernels take 4
+/// (on the H200 rt4 ran 1.4–1.7× rt2 there even with fewer blocks than SMs).
+fn default_launch_rows_per_warp(
+    dtype: DType,
+    template_n: usize,
+    direct_x: bool,
+    rows: usize,
+    sm_count: usize,
+) -> usize {
+    if dtype == DType::Q8_0 && template_n == 8 && direct_x {
+        4
+    } else {
+        default_rows_per_warp(rows, sm_count)
+    }
+}
+
 /// Plans one launch for `n` (1..=8) activation rows of a `[rows, cols]`
-/// weight. `rows_per_warp` overrides [`default_rows_per_warp`] (1, 2 or 4).
+/// weight. `rows_per_warp` overrides the default rows per warp (1, 2 or 4;
+/// see [`default_rows_per_warp`]) and `direct_x` [`default_direct_x`].
 pub fn plan(
     dtype: DType,
     rows: usize,
@@ -448,6 +522,7 @@ pub fn plan(
     n: usize,
     sm_count: usize,
     rows_per_warp: Option<usize>,
+    direct_x: Option<bool>,
 ) -> CudaResult<LaunchPlan> {
     let tag = dtype_tag(dtype).ok_or_else(|| CudaError::DType {
         op: "gemv plan",
@@ -460,23 +535,31 @@ pub fn plan(
             detail: format!("one launch takes 1..={MAX_BATCH_PER_LAUNCH} activation rows, got {n}"),
         });
     }
-    let rt = rows_per_warp.unwrap_or_else(|| default_rows_per_warp(rows, sm_count));
+    let template_n = TEMPLATE_N
+        .into_iter()
+        .find(|&t| t >= n)
+        .expect("n <= MAX_BATCH_PER_LAUNCH = the largest template");
+    let direct_x = direct_x.unwrap_or_else(|| default_direct_x(dtype));
+    let rt = rows_per_warp.unwrap_or_else(|| {
+        default_launch_rows_per_warp(dtype, template_n, direct_x, rows, sm_count)
+    });
     if !ROWS_PER_WARP.contains(&rt) {
         return Err(CudaError::Shape {
             op: "gemv plan",
             detail: format!("rows per warp must be one of {ROWS_PER_WARP:?}, got {rt}"),
         });
     }
-    let template_n = TEMPLATE_N
-        .into_iter()
-        .find(|&t| t >= n)
-        .expect("n <= MAX_BATCH_PER_LAUNCH = the largest template");
-    let kt_max = cols.min(STAGE_ELEMS / template_n);
-    let padded = kt_max / 32 * 36;
+    let kt_max = if direct_x {
+        cols
+    } else {
+        cols.min(STAGE_ELEMS / template_n)
+    };
+    let padded = if direct_x { 0 } else { kt_max / 32 * 36 };
     Ok(LaunchPlan {
-        kernel: kernel_name(tag, template_n, rt),
+        kernel: kernel_name(tag, template_n, rt, direct_x),
         template_n,
         rows_per_warp: rt,
+        direct_x,
         grid: rows.div_ceil(WARPS_PER_BLOCK * rt) as u32,
         kt_max: kt_max as u32,
         shared_mem_bytes: (template_n * padded * 4) as u32,
@@ -556,6 +639,9 @@ pub struct DeviceMatrix {
     /// Rows per warp forced by [`DeviceMatrix::set_rows_per_warp`] (tuning);
     /// `None` picks [`default_rows_per_warp`].
     rows_per_warp: Option<usize>,
+    /// Activation reads forced by [`DeviceMatrix::set_direct_x`] (tuning);
+    /// `None` picks [`default_direct_x`].
+    direct_x: Option<bool>,
 }
 
 impl std::fmt::Debug for DeviceMatrix {
@@ -590,6 +676,7 @@ impl DeviceMatrix {
             data,
             scales,
             rows_per_warp: None,
+            direct_x: None,
         })
     }
 
@@ -607,6 +694,14 @@ impl DeviceMatrix {
         }
         self.rows_per_warp = rows_per_warp;
         Ok(())
+    }
+
+    /// Forces this matrix's kernels to read the activations straight from
+    /// global memory (`Some(true)`) or to stage them in shared memory
+    /// (`Some(false)`); `None` restores the automatic choice. For tuning and
+    /// benches: results are identical either way (same products, same order).
+    pub fn set_direct_x(&mut self, direct_x: Option<bool>) {
+        self.direct_x = direct_x;
     }
 
     /// Output features.
@@ -643,6 +738,7 @@ impl DeviceMatrix {
             n,
             self.device.sm_count(),
             self.rows_per_warp,
+            self.direct_x,
         )
     }
 

@@ -18,7 +18,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use super::gemv::{check_matrix, default_rows_per_warp, plan, MAX_BATCH_PER_LAUNCH};
+use super::gemv::{
+    check_matrix, default_direct_x, default_rows_per_warp, plan, MAX_BATCH_PER_LAUNCH,
+};
 use super::{CudaDevice, CudaError, DeviceMatrix};
 use crate::dtype::{f32_to_bf16, DType};
 use crate::matrix::{Matrix, Storage};
@@ -199,7 +201,7 @@ fn gpu_mxfp4_nan_scale_makes_only_its_row_nan() {
 }
 
 #[test]
-fn gpu_every_rows_per_warp_gives_the_same_result() {
+fn gpu_every_rows_per_warp_and_activation_read_gives_the_same_result() {
     let Some(dev) = device("gpu_rows_per_warp") else {
         return;
     };
@@ -213,9 +215,22 @@ fn gpu_every_rows_per_warp_gives_the_same_result() {
             for rt in [1, 2, 4] {
                 dm.set_rows_per_warp(Some(rt))
                     .expect("1, 2 and 4 are valid");
-                let mut gpu = vec![f32::NAN; n * rows];
-                dm.matmul(&x, &mut gpu).expect("gpu matmul");
-                assert_close(&format!("{dtype} n={n} rt={rt}"), &gpu, &cpu);
+                let mut plain = vec![f32::NAN; n * rows];
+                dm.set_direct_x(Some(false));
+                dm.matmul(&x, &mut plain).expect("gpu matmul");
+                assert_close(&format!("{dtype} n={n} rt={rt}"), &plain, &cpu);
+                // Staged or direct activations: the same products in the same order.
+                let mut direct = vec![f32::NAN; n * rows];
+                dm.set_direct_x(Some(true));
+                dm.matmul(&x, &mut direct).expect("gpu matmul");
+                let same = plain
+                    .iter()
+                    .zip(&direct)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{dtype} n={n} rt={rt}: direct activation reads changed the result"
+                );
             }
         }
     }
@@ -314,8 +329,13 @@ fn plan_covers_every_row_and_fits_in_shared_memory() {
             .chain(&[(14336, 4096), (4096, 14336), (3072, 7168)])
         {
             for n in 1..=MAX_BATCH_PER_LAUNCH {
-                for rt in [None, Some(1), Some(2), Some(4)] {
-                    let p = plan(dtype, rows, cols, n, 132, rt).expect("plan");
+                for (rt, dx) in [None, Some(1), Some(2), Some(4)]
+                    .into_iter()
+                    .flat_map(|rt| [(rt, None), (rt, Some(false)), (rt, Some(true))])
+                {
+                    let p = plan(dtype, rows, cols, n, 132, rt, dx).expect("plan");
+                    assert_eq!(p.direct_x, dx.unwrap_or(default_direct_x(dtype)));
+                    assert_eq!(p.kernel.ends_with("_dx"), p.direct_x);
                     assert!(p.template_n >= n && p.template_n <= 8);
                     assert!(
                         p.rows_per_warp * p.template_n <= 32,
@@ -326,18 +346,22 @@ fn plan_covers_every_row_and_fits_in_shared_memory() {
                     assert_eq!(p.kt_max % 32, 0);
                     assert!(p.kt_max as usize <= cols);
                     assert!(p.shared_mem_bytes <= 48 * 1024);
-                    assert_eq!(
-                        p.shared_mem_bytes as usize,
-                        p.template_n * p.kt_max as usize / 32 * 36 * 4
-                    );
+                    if p.direct_x {
+                        assert_eq!((p.shared_mem_bytes, p.kt_max as usize), (0, cols));
+                    } else {
+                        assert_eq!(
+                            p.shared_mem_bytes as usize,
+                            p.template_n * p.kt_max as usize / 32 * 36 * 4
+                        );
+                    }
                     assert!(p.kernel.starts_with("caracal_gemv_"));
                 }
             }
         }
     }
-    assert!(plan(DType::BF16, 4, 64, 9, 132, None).is_err());
-    assert!(plan(DType::BF16, 4, 64, 1, 132, Some(3)).is_err());
-    assert!(plan(DType::F16, 4, 64, 1, 132, None).is_err());
+    assert!(plan(DType::BF16, 4, 64, 9, 132, None, None).is_err());
+    assert!(plan(DType::BF16, 4, 64, 1, 132, Some(3), None).is_err());
+    assert!(plan(DType::F16, 4, 64, 1, 132, None, None).is_err());
 }
 
 #[test]
@@ -375,15 +399,20 @@ fn nvrtc_compiles_every_kernel_for_hopper_and_blackwell() {
 fn every_planned_kernel_is_defined_in_the_source() {
     let src = super::gemv::source();
     let names = super::gemv::kernel_names();
-    assert_eq!(names.len(), 36);
+    assert_eq!(names.len(), 72);
     for name in &names {
-        // Kernels come from CARACAL_GEMV_KERNELS(N, RT): check the instantiation.
-        let (n, rt) = name
+        // Kernels come from CARACAL_GEMV_KERNELS(N, RT, PF, SFX): check the
+        // instantiation.
+        let (base, dx) = match name.strip_suffix("_dx") {
+            Some(b) => (b, "true, _dx"),
+            None => (name.as_str(), "false, "),
+        };
+        let (n, rt) = base
             .rsplit_once("_n")
             .and_then(|(_, t)| t.split_once("_r"))
-            .expect("name ends with _n{N}_r{RT}");
+            .expect("name ends with _n{N}_r{RT}[_dx]");
         assert!(
-            src.contains(&format!("CARACAL_GEMV_KERNELS({n}, {rt})")),
+            src.contains(&format!("CARACAL_GEMV_KERNELS({n}, {rt}, {dx})")),
             "{name} not instantiated"
         );
     }
