@@ -53,12 +53,17 @@ pub(super) struct Buffers {
 /// setting keeps every piece on the f32 kernels: for comparing the two on
 /// one machine).
 pub(super) fn usable(call: &Call<'_>) -> bool {
+    enabled() && call.pool.dtype() == KvDtype::Bf16 && call.shape.head_dim.is_multiple_of(2)
+}
+
+/// AVX-512 BF16 here and `CARACAL_ATTENTION_PRODUCTS` not `f32`: whether
+/// attention may take bf16 pair products at all (read once).
+pub(in crate::flash) fn enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let enabled = *ENABLED.get_or_init(|| {
+    *ENABLED.get_or_init(|| {
         crate::cpu::features().avx512_bf16
             && std::env::var("CARACAL_ATTENTION_PRODUCTS").map_or(true, |v| v != "f32")
-    });
-    enabled && call.pool.dtype() == KvDtype::Bf16 && call.shape.head_dim.is_multiple_of(2)
+    })
 }
 
 /// `acc + Σ` over the 2 pairs of each dword of `a · b` (`vdpbf16ps`).

@@ -233,6 +233,9 @@ struct Job<'a> {
     latent: bool,
     /// Score scale.
     scale: f32,
+    /// Keys-in-lanes pieces over bf16 rows take the bf16 pair products of
+    /// [`pairs`] (AVX-512 BF16, a kernel the caller did not force).
+    pairs: bool,
 }
 
 /// Validates, plans and runs a batched decode call with instruction set
@@ -326,6 +329,12 @@ pub(super) fn decode_with(
         }
         i = j;
     }
+    let isa = if isa.supported() { isa } else { Isa::Portable };
+    let forced = kernel.is_some();
+    #[cfg(target_arch = "x86_64")]
+    let pairs = !forced && isa == Isa::Avx512 && pool.dtype() == KvDtype::Bf16 && pairs::usable(hd);
+    #[cfg(not(target_arch = "x86_64"))]
+    let pairs = false;
     let job = Job {
         q,
         pool,
@@ -336,9 +345,8 @@ pub(super) fn decode_with(
         group,
         latent,
         scale,
+        pairs,
     };
-    let isa = if isa.supported() { isa } else { Isa::Portable };
-    let forced = kernel.is_some();
     let kernel = kernel.unwrap_or(if group >= ROWS_IN_LANES_GROUP {
         Kernel::RowsInLanes
     } else {
@@ -516,6 +524,12 @@ enum Sink {
 struct Scratch {
     /// Scaled queries `[group][head_dim rounded up to LANES]`, zero padded.
     q: Vec<f32>,
+    /// The scaled queries as bf16 dword pairs `[group][head_dim / 2]`
+    /// (pieces on [`pairs`] products).
+    qp: Vec<u32>,
+    /// The tile's probabilities as bf16 key pairs `[group][DECODE_TILE / 2]`
+    /// (pieces on [`pairs`] products).
+    pp: Vec<u32>,
     /// Per-key partial dot products `[group][LANES keys][LANES]`.
     part: Vec<f32>,
     /// Scores then probabilities `[group][DECODE_TILE]`.
@@ -629,6 +643,20 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
             *d = x * job.scale;
         }
     }
+    // `job.pairs` is only set for bf16 rows on AVX-512 (16 lanes).
+    let pairs = job.pairs && size_of::<T>() == 2 && lanes == 16;
+    if pairs {
+        // SAFETY: `decode_with` set `pairs` only with AVX-512 BF16 here and
+        // `pairs::usable(hd)`; `sc.q` holds `g` rows of `hdp` values.
+        #[cfg(target_arch = "x86_64")]
+        pairs::pack(sc.q.as_ptr(), hdp, hd, g, &mut sc.qp);
+    }
+    let qp = sc.qp.as_ptr();
+    // PV on pair products too when the value rows are whole vectors of pairs.
+    #[cfg(target_arch = "x86_64")]
+    let pairs_pv = pairs && pairs::usable(vd);
+    #[cfg(not(target_arch = "x86_64"))]
+    let pairs_pv = false;
     sc.o.clear();
     sc.o.resize(g * vdp, 0.0);
     sc.stats.clear();
@@ -661,22 +689,30 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
         // Offsets of the tile's rows and of the keys after it whose K rows
         // are hinted while the tile's last blocks are scored.
         let ahead = K_AHEAD_BLOCKS * lanes;
-        sc.koff.clear();
-        sc.voff.clear();
-        sc.ks.clear();
-        sc.vs.clear();
         // int8: segment `kvh` is the head's K, `kv_heads + kvh` its V.
         let (ks0, vs0) = (
             p.kvh * pool.page_size,
             (shape.kv_heads + p.kvh) * pool.page_size,
         );
-        pool.for_each_row(seq.block_table, j0..(j1 + ahead).min(p.k1), |j, at, so| {
-            sc.koff.push(at + k_at);
+        // Filled by index through slices, not pushed: a push through
+        // `&mut Scratch` stored each Vec's length back every row (the
+        // stores may alias it), ~10% of a piece in the profile.
+        let jk = (j1 + ahead).min(p.k1);
+        let nsc = if scales.is_some() { nk } else { 0 };
+        sc.koff.resize(jk - j0, 0);
+        sc.voff.resize(nk, 0);
+        sc.ks.resize(nsc, 0.0);
+        sc.vs.resize(nsc, 0.0);
+        let (koff, voff) = (&mut sc.koff[..], &mut sc.voff[..]);
+        let (ksc, vsc) = (&mut sc.ks[..], &mut sc.vs[..]);
+        pool.for_each_row(seq.block_table, j0..jk, |j, at, so| {
+            let i = j - j0;
+            koff[i] = at + k_at;
             if j < j1 {
-                sc.voff.push(at + v_at);
+                voff[i] = at + v_at;
                 if let Some(scale) = scales {
-                    sc.ks.push(scale[so + ks0]);
-                    sc.vs.push(scale[so + vs0]);
+                    ksc[i] = scale[so + ks0];
+                    vsc[i] = scale[so + vs0];
                 }
             }
         });
@@ -713,10 +749,25 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
             while r0 < g {
                 let gb = QK_ROWS.min(g - r0);
                 let (qr, pr) = (q.add(r0 * hdp), part.add(r0 * lanes * lanes));
-                with_rows!(
-                    gb,
-                    qk_keys::<S, T>(qr, hdp, hd, base, koff, pr, lanes * lanes)
-                );
+                if pairs {
+                    // SAFETY: as for `pack` above; `T` is bf16 (`u16`), and
+                    // `qp` holds the group's `hd / 2` pairs a head.
+                    #[cfg(target_arch = "x86_64")]
+                    pairs::qk_keys(
+                        gb,
+                        qp.add(r0 * hd / 2),
+                        hd,
+                        base.cast::<u16>(),
+                        koff,
+                        pr,
+                        lanes * lanes,
+                    );
+                } else {
+                    with_rows!(
+                        gb,
+                        qk_keys::<S, T>(qr, hdp, hd, base, koff, pr, lanes * lanes)
+                    );
+                }
                 r0 += gb;
             }
             let ks = scales.map(|_| S::load(sc.ks.as_ptr().add(b)));
@@ -776,10 +827,34 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
             }
         }
         // O = α·O + P·V, value dims in lanes.
-        pv_tile::<S, T>(s, nk, base, &sc.voff, vd, vdp, g, o, alpha);
+        if pairs_pv {
+            // SAFETY: as for `pack` above (AVX-512 BW comes with the BF16
+            // CPUs, see `cpu.rs`); `s` holds whole vectors of probabilities
+            // up to `nk`, zeros past it; `o` is `[g][vd]` (vdp = vd).
+            #[cfg(target_arch = "x86_64")]
+            pairs::pv_tile(
+                s,
+                DECODE_TILE,
+                nk,
+                base.cast::<u16>(),
+                &sc.voff,
+                vd,
+                g,
+                o,
+                alpha,
+                &mut sc.pp,
+            );
+        } else {
+            pv_tile::<S, T>(s, nk, base, &sc.voff, vd, vdp, g, o, alpha);
+        }
         j0 = j1;
     }
 
+    if pairs_pv {
+        // SAFETY: AVX-512 F is here (`pairs_pv`); `o` is `[g][vd]`.
+        #[cfg(target_arch = "x86_64")]
+        pairs::unpermute(o, g, vd);
+    }
     let stats = &sc.stats;
     match sink {
         Sink::Out(out) => {
@@ -804,6 +879,9 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
 
 #[path = "decode_lanes.rs"]
 mod lanes;
+#[cfg(target_arch = "x86_64")]
+#[path = "decode_pairs.rs"]
+mod pairs;
 use lanes::{hmax, hsum, pv_tile, qk_keys, DecSimd, KvElem};
 
 #[cfg(test)]

@@ -1,0 +1,300 @@
+//! bf16 pair products for the keys-in-lanes decode pieces ([`super`]) over
+//! bf16 rows, on CPUs with AVX-512 BF16: the `QK` step as `vdpbf16ps`, each
+//! instruction two bf16 multiply-adds per f32 lane (twice an FMA's work),
+//! with the K rows read in place as 32 bf16 values a vector instead of
+//! being widened to f32 16 at a time.
+//!
+//! A head's query `scale·q` is rounded to bf16 once per piece and packed as
+//! dword pairs (`(q[2p], q[2p+1])`, [`pack`]); against a key row's vector
+//! `c` (dims `32c .. 32c + 32`, read as 16 dwords) lane `l` accumulates
+//! dims `2l` and `2l + 1` of each vector. The lanes' partial sums land in
+//! the same `part` layout as the f32 loop's ([`super::lanes::qk_keys`]),
+//! so the transpose reduction, the online softmax and `PV` run unchanged.
+//!
+//! Rounding `scale·q` to bf16 is the only difference from the f32 kernel
+//! (the rows are bf16 already; products and sums are f32): a relative step
+//! of 2⁻⁹ on the scores' query inputs, as the prefill kernel's bf16 pieces
+//! ([`super::super::bf16`]) take. The tests state the tolerance against the
+//! f32 kernel; `CARACAL_ATTENTION_PRODUCTS=f32` turns these products off.
+
+use std::arch::x86_64::*;
+
+/// Largest head dimension, in 32-value vectors, the unrolled loop takes.
+const MAX_VECTORS: usize = 4;
+
+/// Whether keys-in-lanes pieces over bf16 rows of head dimension `hd` take
+/// pair products: [`super::super::bf16::enabled`] and `hd` a multiple of 32
+/// up to 128 (whole vectors of pairs).
+pub(super) fn usable(hd: usize) -> bool {
+    super::super::bf16::enabled() && hd.is_multiple_of(32) && hd / 32 <= MAX_VECTORS
+}
+
+/// Packs `g` query rows of `hd` values (row `r` at `q + r·hdp`, already
+/// scaled) into `dst` as `[g][hd / 2]` bf16 dword pairs, rounded to
+/// nearest, ties to even.
+///
+/// # Safety
+/// AVX-512 F and BF16 are here; `q` holds `g` rows of `hdp ≥ hd` values and
+/// [`usable`]`(hd)` holds.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn pack(q: *const f32, hdp: usize, hd: usize, g: usize, dst: &mut Vec<u32>) {
+    dst.clear();
+    dst.resize(g * hd / 2, 0);
+    for r in 0..g {
+        let (src, out) = (q.add(r * hdp), dst.as_mut_ptr().add(r * hd / 2));
+        for c in 0..hd / 32 {
+            let lo = _mm512_loadu_ps(src.add(32 * c));
+            let hi = _mm512_loadu_ps(src.add(32 * c + 16));
+            let w: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+            _mm512_storeu_si512(out.add(16 * c).cast(), w);
+        }
+    }
+}
+
+/// Partial dot products of `gb` (1..=8) query heads with each key of
+/// `koff` (at most 16): for head `r` and key `kk`, stores the 16 lanes of
+/// pair sums at `part + r·stride + kk·16`.
+///
+/// # Safety
+/// AVX-512 F and BF16 are here; [`usable`]`(hd)` holds; `qp` holds `gb`
+/// rows of `hd / 2` pairs ([`pack`]); each `base + koff[kk]` has `hd`
+/// readable values.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn qk_keys(
+    gb: usize,
+    qp: *const u32,
+    hd: usize,
+    base: *const u16,
+    koff: &[usize],
+    part: *mut f32,
+    stride: usize,
+) {
+    macro_rules! rows {
+        ($v:literal) => {
+            match gb {
+                1 => qk_whole::<1, $v>(qp, base, koff, part, stride),
+                2 => qk_whole::<2, $v>(qp, base, koff, part, stride),
+                3 => qk_whole::<3, $v>(qp, base, koff, part, stride),
+                4 => qk_whole::<4, $v>(qp, base, koff, part, stride),
+                5 => qk_whole::<5, $v>(qp, base, koff, part, stride),
+                6 => qk_whole::<6, $v>(qp, base, koff, part, stride),
+                7 => qk_whole::<7, $v>(qp, base, koff, part, stride),
+                _ => qk_whole::<8, $v>(qp, base, koff, part, stride),
+            }
+        };
+    }
+    match hd / 32 {
+        1 => rows!(1),
+        2 => rows!(2),
+        3 => rows!(3),
+        _ => rows!(4),
+    }
+}
+
+/// [`qk_keys`] for `GB` heads of `V` vectors of pairs, the query vectors in
+/// registers across the keys.
+///
+/// # Safety
+/// As [`qk_keys`], with `hd = 32·V`.
+#[inline(always)]
+unsafe fn qk_whole<const GB: usize, const V: usize>(
+    qp: *const u32,
+    base: *const u16,
+    koff: &[usize],
+    part: *mut f32,
+    stride: usize,
+) {
+    let mut qv = [[_mm512_setzero_si512(); V]; GB];
+    for (r, row) in qv.iter_mut().enumerate() {
+        for (c, v) in row.iter_mut().enumerate() {
+            *v = _mm512_loadu_si512(qp.add(r * 16 * V + 16 * c).cast());
+        }
+    }
+    for (kk, &off) in koff.iter().enumerate() {
+        let k = base.add(off);
+        let mut acc = [_mm512_setzero_ps(); GB];
+        for c in 0..V {
+            let kv: __m512bh = std::mem::transmute(_mm512_loadu_si512(k.add(32 * c).cast()));
+            for (a, row) in acc.iter_mut().zip(&qv) {
+                *a = _mm512_dpbf16_ps(*a, std::mem::transmute::<__m512i, __m512bh>(row[c]), kv);
+            }
+        }
+        for (r, &a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(part.add(r * stride + kk * 16), a);
+        }
+    }
+}
+
+/// Most query heads one pair `PV` pass keeps accumulators for (two per
+/// 32 value dims each).
+const PV_HEADS: usize = 6;
+
+/// `O[r] = α[r]·O[r] + Σ_j P[r][j]·V[j]` over the `nk` keys of a tile for
+/// every head `r < g`, on pair products: the tile's probabilities rounded
+/// to bf16 as key pairs (`(P[2k], P[2k+1])`, packed into `pp` per head),
+/// against each pair of V rows interleaved word by word (`vpunpck[lh]wd`,
+/// a zero row after an odd last key). `o` is kept in the pair layout of
+/// [`unpermute`] from the first tile to the last.
+///
+/// # Safety
+/// AVX-512 F, BW and BF16 are here; [`usable`]`(vd)` holds; `p` is
+/// `[g][tile]` with whole 16-key vectors of probabilities up to `nk`
+/// (zeros past it), `o` `[g][vd]`, `alpha` `g`; every `voff` names `vd`
+/// readable values of `base`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(super) unsafe fn pv_tile(
+    p: *const f32,
+    tile: usize,
+    nk: usize,
+    base: *const u16,
+    voff: &[usize],
+    vd: usize,
+    g: usize,
+    o: *mut f32,
+    alpha: *const f32,
+    pp: &mut Vec<u32>,
+) {
+    let pairs = tile / 2;
+    pp.clear();
+    pp.resize(g * pairs, 0);
+    for r in 0..g {
+        for v in 0..nk.div_ceil(16) {
+            let w = _mm512_cvtneps_pbh(_mm512_loadu_ps(p.add(r * tile + 16 * v)));
+            _mm256_storeu_si256(
+                pp.as_mut_ptr().add(r * pairs + 8 * v).cast(),
+                std::mem::transmute::<__m256bh, __m256i>(w),
+            );
+        }
+    }
+    let args = PvPairs {
+        pp: pp.as_ptr(),
+        pairs,
+        nk,
+        base,
+        voff,
+        vd,
+        o,
+        alpha,
+    };
+    let mut r0 = 0;
+    while r0 < g {
+        let gb = PV_HEADS.min(g - r0);
+        let mut c = 0;
+        while c < vd / 32 {
+            let two = vd / 32 - c >= 2;
+            macro_rules! heads {
+                ($n:literal) => {
+                    match gb {
+                        1 => pv_block::<1, $n>(&args, r0, c),
+                        2 => pv_block::<2, $n>(&args, r0, c),
+                        3 => pv_block::<3, $n>(&args, r0, c),
+                        4 => pv_block::<4, $n>(&args, r0, c),
+                        5 => pv_block::<5, $n>(&args, r0, c),
+                        _ => pv_block::<6, $n>(&args, r0, c),
+                    }
+                };
+            }
+            if two {
+                heads!(2);
+                c += 2;
+            } else {
+                heads!(1);
+                c += 1;
+            }
+        }
+        r0 += gb;
+    }
+}
+
+/// The arguments of one [`pv_block`].
+struct PvPairs<'a> {
+    /// Probability pairs `[g][pairs]`.
+    pp: *const u32,
+    /// Pairs a head in `pp`.
+    pairs: usize,
+    /// Keys in the tile.
+    nk: usize,
+    /// The layer buffer.
+    base: *const u16,
+    /// V row offsets of the tile's keys.
+    voff: &'a [usize],
+    /// Value dims of a head.
+    vd: usize,
+    /// Outputs `[g][vd]`, pair layout.
+    o: *mut f32,
+    /// Rescale factors `[g]`.
+    alpha: *const f32,
+}
+
+/// `C` 32-dim vectors of values from vector `c0` for the `GB` heads from
+/// `r0`: two accumulators (the low and high interleaves) per vector and
+/// head, in registers across the tile.
+///
+/// # Safety
+/// As [`pv_tile`], with `r0 + GB ≤ g` and `32·(c0 + C) ≤ vd`.
+#[inline(always)]
+unsafe fn pv_block<const GB: usize, const C: usize>(a: &PvPairs<'_>, r0: usize, c0: usize) {
+    let mut acc = [[[_mm512_setzero_ps(); 2]; C]; GB];
+    for (r, acc_r) in acc.iter_mut().enumerate() {
+        let al = _mm512_set1_ps(*a.alpha.add(r0 + r));
+        for (c, x) in acc_r.iter_mut().enumerate() {
+            let at = a.o.add((r0 + r) * a.vd + 32 * (c0 + c));
+            x[0] = _mm512_mul_ps(_mm512_loadu_ps(at), al);
+            x[1] = _mm512_mul_ps(_mm512_loadu_ps(at.add(16)), al);
+        }
+    }
+    for k in 0..a.nk.div_ceil(2) {
+        let j = 2 * k;
+        let mut lo = [_mm512_setzero_si512(); C];
+        let mut hi = [_mm512_setzero_si512(); C];
+        let v0 = a.base.add(a.voff[j] + 32 * c0);
+        let v1 = (j + 1 < a.nk).then(|| a.base.add(a.voff[j + 1] + 32 * c0));
+        for c in 0..C {
+            let x0 = _mm512_loadu_si512(v0.add(32 * c).cast());
+            let x1 = match v1 {
+                Some(v1) => _mm512_loadu_si512(v1.add(32 * c).cast()),
+                None => _mm512_setzero_si512(),
+            };
+            lo[c] = _mm512_unpacklo_epi16(x0, x1);
+            hi[c] = _mm512_unpackhi_epi16(x0, x1);
+        }
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let pb = _mm512_set1_epi32(*a.pp.add((r0 + r) * a.pairs + k) as i32);
+            let pb: __m512bh = std::mem::transmute(pb);
+            for (c, x) in acc_r.iter_mut().enumerate() {
+                x[0] = _mm512_dpbf16_ps(x[0], std::mem::transmute::<__m512i, __m512bh>(lo[c]), pb);
+                x[1] = _mm512_dpbf16_ps(x[1], std::mem::transmute::<__m512i, __m512bh>(hi[c]), pb);
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        for (c, x) in acc_r.iter().enumerate() {
+            let at = a.o.add((r0 + r) * a.vd + 32 * (c0 + c));
+            _mm512_storeu_ps(at, x[0]);
+            _mm512_storeu_ps(at.add(16), x[1]);
+        }
+    }
+}
+
+/// Puts the `g` output rows of `vd` values at `o` from [`pv_tile`]'s pair
+/// layout back into dimension order. In the pair layout each 32 dims are
+/// two vectors: the low interleave holds, in 128-bit lane `L`, dims
+/// `8L .. 8L + 4`, the high one dims `8L + 4 .. 8L + 8`.
+///
+/// # Safety
+/// AVX-512 F is here; `o` holds `g` rows of `vd` values, `vd` a multiple
+/// of 32.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn unpermute(o: *mut f32, g: usize, vd: usize) {
+    let first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    let second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for r in 0..g {
+        for c in 0..vd / 32 {
+            let at = o.add(r * vd + 32 * c);
+            let (lo, hi) = (_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(16)));
+            _mm512_storeu_ps(at, _mm512_permutex2var_ps(lo, first, hi));
+            _mm512_storeu_ps(at.add(16), _mm512_permutex2var_ps(lo, second, hi));
+        }
+    }
+}
