@@ -1,7 +1,9 @@
 //! Batched decode attention: one call per layer for every decoding sequence
 //! of a step, each with its own position and block table, over f32, bf16 or
 //! int8 KV rows read in place from their pages (bf16 and int8 are widened in
-//! registers, all sums are f32).
+//! registers, all sums are f32; on CPUs with AVX-512 BF16 the keys-in-lanes
+//! pieces over bf16 rows take `vdpbf16ps` pair products instead, the query
+//! and the probabilities rounded to bf16: `decode_pairs.rs`).
 //!
 //! # Why not the prefill kernel
 //!
