@@ -313,8 +313,11 @@ fn matmul_ref_any<E: Elem>(
 
 /// A block kernel: `res[r][j] = Σ_c w[r·cols + c] · x[j·cols + c]` for `R`
 /// weight rows and `N` inputs.
+/// `(x, w, cols, next, res)`: `next` is the first row of the block the walk
+/// runs after this one (null when none), whose lines the x86 kernels hint
+/// into the cache while they stream this block.
 type BlockFn<E, const N: usize, const R: usize> =
-    unsafe fn(*const f32, *const E, usize, &mut [[f32; N]; R]);
+    unsafe fn(*const f32, *const E, usize, *const E, &mut [[f32; N]; R]);
 
 /// One GEMV problem, shared by every row chunk.
 struct Gemv<'a, E> {
@@ -458,7 +461,15 @@ impl<E: Elem> Gemv<'_, E> {
         let mut r = r0;
         let mut res = [[0.0f32; N]; R];
         while r + R <= r1 {
-            block(x, w.add(r * cols), cols, &mut res);
+            // A block's rows start streams of a few lines each (a 576-wide
+            // bf16 row is 18 lines) that the hardware prefetcher picks up
+            // late, so the kernel hints the next block's rows as it goes.
+            let next = if r + 2 * R <= r1 {
+                w.add((r + R) * cols)
+            } else {
+                std::ptr::null()
+            };
+            block(x, w.add(r * cols), cols, next, &mut res);
             for (k, row) in res.iter().enumerate() {
                 for (j, &v) in row.iter().enumerate() {
                     *out.add(j * self.rows + r + k) = v;
@@ -468,7 +479,7 @@ impl<E: Elem> Gemv<'_, E> {
         }
         let mut one = [[0.0f32; N]; 1];
         while r < r1 {
-            single(x, w.add(r * cols), cols, &mut one);
+            single(x, w.add(r * cols), cols, std::ptr::null(), &mut one);
             for (j, &v) in one[0].iter().enumerate() {
                 *out.add(j * self.rows + r) = v;
             }
@@ -487,17 +498,24 @@ macro_rules! block_kernel {
         ///
         /// # Safety
         /// The features are available; `x` has `N·cols` values, `w` has `R·cols`.
+        /// `next` (prefetched only, never read) may be null.
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $feat)]
         unsafe fn $name<E: Elem, const N: usize, const R: usize>(
             x: *const f32,
             w: *const E,
             cols: usize,
+            next: *const E,
             res: &mut [[f32; N]; R],
         ) {
             let mut acc = [[$zero(); N]; R];
             let mut c = 0;
             while c + $lanes <= cols {
+                if !next.is_null() {
+                    for r in 0..R {
+                        _mm_prefetch::<_MM_HINT_T0>(next.add(r * cols + c).cast());
+                    }
+                }
                 let mut xv = [$zero(); N];
                 for (j, v) in xv.iter_mut().enumerate() {
                     *v = $loadx(x.add(j * cols + c));
@@ -549,6 +567,7 @@ unsafe fn block_scalar<E: Elem, const N: usize, const R: usize>(
     x: *const f32,
     w: *const E,
     cols: usize,
+    _next: *const E,
     res: &mut [[f32; N]; R],
 ) {
     let xs = std::slice::from_raw_parts(x, N * cols);
