@@ -637,7 +637,7 @@ pub struct DeviceMatrix {
     /// E8M0 for MXFP4).
     scales: Option<CudaSlice<u8>>,
     /// Rows per warp forced by [`DeviceMatrix::set_rows_per_warp`] (tuning);
-    /// `None` picks [`default_rows_per_warp`].
+    /// `None` takes the plan's default (see [`plan`]).
     rows_per_warp: Option<usize>,
     /// Activation reads forced by [`DeviceMatrix::set_direct_x`] (tuning);
     /// `None` picks [`default_direct_x`].

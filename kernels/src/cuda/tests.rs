@@ -401,7 +401,7 @@ fn every_planned_kernel_is_defined_in_the_source() {
     let names = super::gemv::kernel_names();
     assert_eq!(names.len(), 72);
     for name in &names {
-        // Kernels come from CARACAL_GEMV_KERNELS(N, RT, PF, SFX): check the
+        // Kernels come from CARACAL_GEMV_KERNELS(N, RT, DX, SFX): check the
         // instantiation.
         let (base, dx) = match name.strip_suffix("_dx") {
             Some(b) => (b, "true, _dx"),

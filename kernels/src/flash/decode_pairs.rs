@@ -156,8 +156,11 @@ pub(super) unsafe fn pv_tile(
     pp: &mut Vec<u32>,
 ) {
     let pairs = tile / 2;
-    pp.clear();
-    pp.resize(g * pairs, 0);
+    // Only the packed vectors (up to `nk`) are read below, so the buffer
+    // grows once and is not cleared per tile.
+    if pp.len() < g * pairs {
+        pp.resize(g * pairs, 0);
+    }
     for r in 0..g {
         for v in 0..nk.div_ceil(16) {
             let w = _mm512_cvtneps_pbh(_mm512_loadu_ps(p.add(r * tile + 16 * v)));
