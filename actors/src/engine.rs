@@ -366,13 +366,33 @@ pub fn run_groups<'a, F>(
     }
     tasks.sort_by_key(|t| std::cmp::Reverse(t.1.len()));
     let largest = tasks[0].1.len() / hidden.max(1);
-    let serial = largest * threads <= groups.slots();
-    tasks.into_par_iter().for_each(|(e, x, y)| {
-        expert(e).prefetch();
-        if serial {
-            caracal_kernels::threads::serial(|| expert(e).forward_into(x, y));
-        } else {
+    if largest * threads > groups.slots() {
+        tasks.into_par_iter().for_each(|(e, x, y)| {
+            expert(e).prefetch();
             expert(e).forward_into(x, y);
+        });
+        return;
+    }
+    // Serial experts: each thread takes a run of consecutive tasks and hints
+    // the next expert's weights while the current one computes, so a
+    // token's experts (chosen at random, mostly out of cache) arrive while
+    // the thread works instead of after it asks.
+    let per = tasks.len().div_ceil(threads);
+    let mut runs = Vec::with_capacity(threads);
+    while !tasks.is_empty() {
+        let rest = tasks.split_off(per.min(tasks.len()));
+        runs.push(std::mem::replace(&mut tasks, rest));
+    }
+    runs.into_par_iter().for_each(|run| {
+        if let Some(&(e, _, _)) = run.first() {
+            expert(e).prefetch();
+        }
+        let next: Vec<usize> = run.iter().skip(1).map(|t| t.0).collect();
+        for (i, (e, x, y)) in run.into_iter().enumerate() {
+            if let Some(&n) = next.get(i) {
+                expert(n).prefetch();
+            }
+            caracal_kernels::threads::serial(|| expert(e).forward_into(x, y));
         }
     });
 }

@@ -52,6 +52,13 @@ impl SamplingParams {
             ..SamplingParams::default()
         }
     }
+
+    /// Whether [`apply_penalties`] changes any logit.
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+    }
 }
 
 /// A small, fast, seedable PRNG (xoshiro256**), seeded through SplitMix64.
@@ -134,15 +141,13 @@ pub fn apply_penalties(logits: &mut [f32], prompt: &[u32], generated: &[u32], p:
     }
 }
 
-/// Index of the largest value (first wins ties).
+/// Index of the largest value (first wins ties, NaN never wins against a
+/// number; 0 for an empty slice): [`crate::softmax::argmax`].
 pub fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
+    if x.is_empty() {
+        return 0;
     }
-    best
+    crate::softmax::argmax(x)
 }
 
 /// Picks the next token from `logits` (already penalised).

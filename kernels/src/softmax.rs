@@ -50,7 +50,33 @@ fn row_max(x: &[f32]) -> f32 {
 
 /// Index of the largest value; the first one wins ties. NaN values are
 /// skipped unless every value is NaN. Panics on an empty row.
+///
+/// Two vector passes instead of one loop whose every step waits on the
+/// last comparison: the largest non-NaN value (`max` keeps its second
+/// operand when the first is NaN), then the first index holding it. A
+/// greedy step takes one per sequence over the whole vocabulary, on the
+/// scheduler's thread while the pool waits. [`argmax_ref`] is the plain
+/// form the tests hold it to.
 pub fn argmax(x: &[f32]) -> usize {
+    assert!(!x.is_empty(), "argmax of an empty row");
+    let isa = crate::cpu::Isa::best();
+    let m = match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::best` only names an instruction set the CPU has.
+        crate::cpu::Isa::Avx512 => unsafe { max_avx512(x) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        crate::cpu::Isa::Avx2 => unsafe { max_avx2(x) },
+        _ => x
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m }),
+    };
+    // `m` is −∞ when every value is −∞ or NaN; no match means all NaN.
+    x.iter().position(|&v| v == m).unwrap_or(0)
+}
+
+/// The plain form of [`argmax`]: one comparison per value.
+pub fn argmax_ref(x: &[f32]) -> usize {
     assert!(!x.is_empty(), "argmax of an empty row");
     let mut best = 0;
     for (i, &v) in x.iter().enumerate().skip(1) {
@@ -59,6 +85,59 @@ pub fn argmax(x: &[f32]) -> usize {
         }
     }
     best
+}
+
+/// Largest non-NaN value of `x` (−∞ if none), four 16-lane chains.
+///
+/// # Safety
+/// The CPU supports AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn max_avx512(x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let p = x.as_ptr();
+    let mut acc = [_mm512_set1_ps(f32::NEG_INFINITY); 4];
+    let mut i = 0;
+    while i + 64 <= x.len() {
+        for (k, a) in acc.iter_mut().enumerate() {
+            // `max(v, a)` returns `a` when `v` is NaN.
+            *a = _mm512_max_ps(_mm512_loadu_ps(p.add(i + 16 * k)), *a);
+        }
+        i += 64;
+    }
+    while i + 16 <= x.len() {
+        acc[0] = _mm512_max_ps(_mm512_loadu_ps(p.add(i)), acc[0]);
+        i += 16;
+    }
+    let v = _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3]));
+    let m = _mm512_reduce_max_ps(v);
+    x[i..].iter().fold(m, |m, &v| if v > m { v } else { m })
+}
+
+/// Largest non-NaN value of `x` (−∞ if none), four 8-lane chains.
+///
+/// # Safety
+/// The CPU supports AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn max_avx2(x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let p = x.as_ptr();
+    let mut acc = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
+    let mut i = 0;
+    while i + 32 <= x.len() {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_max_ps(_mm256_loadu_ps(p.add(i + 8 * k)), *a);
+        }
+        i += 32;
+    }
+    let v = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
+    let mut lanes = [0.0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+    lanes
+        .iter()
+        .chain(&x[i..])
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
 }
 
 /// Descending order of values, NaN last, ties by lower index.
@@ -145,6 +224,32 @@ mod tests {
         assert_eq!(argmax(&[-5.0]), 0);
         assert_eq!(argmax(&[f32::NAN, 1.0, 2.0]), 2);
         assert_eq!(argmax(&[0.5, f32::NAN, 0.2]), 0);
+        assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
+    }
+
+    #[test]
+    fn vector_argmax_is_the_plain_one() {
+        // Lengths around every vector and unroll boundary; values from few
+        // levels (many ties), with NaN, ±∞ and ±0 sprinkled in, placed
+        // before, inside and after the vector part.
+        let mut rng = crate::testing::Rng::seeded(11);
+        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0];
+        for len in (1..=140).chain([1023, 49152, 49153]) {
+            for _ in 0..8 {
+                let mut x: Vec<f32> = (0..len)
+                    .map(|_| (rng.next_u64() % 9) as f32 - 4.0)
+                    .collect();
+                for _ in 0..(rng.next_u64() % 4) {
+                    let at = (rng.next_u64() % len as u64) as usize;
+                    x[at] = specials[(rng.next_u64() % specials.len() as u64) as usize];
+                }
+                assert_eq!(argmax(&x), argmax_ref(&x), "len {len}: {x:?}");
+                let fill = specials[(rng.next_u64() % 3) as usize];
+                let mut y = vec![fill; len];
+                y[len / 2] = specials[(rng.next_u64() % specials.len() as u64) as usize];
+                assert_eq!(argmax(&y), argmax_ref(&y), "len {len}: {y:?}");
+            }
+        }
     }
 
     #[test]

@@ -865,12 +865,16 @@ impl SchedulerState {
                 continue;
             }
             let raw = &logits[row * vocab..(row + 1) * vocab];
-            let mut l = raw.to_vec();
             row += 1;
-            apply_penalties(&mut l, &r.req.prompt, &r.generated, &r.req.sampling);
+            // A copy only when penalties or a mask change the logits.
+            let mut owned = Vec::new();
+            if r.req.sampling.has_penalties() || r.constraint.is_some() {
+                owned.extend_from_slice(raw);
+                apply_penalties(&mut owned, &r.req.prompt, &r.generated, &r.req.sampling);
+            }
             if r.constraint.is_some() {
                 match masks[seq].take() {
-                    Some(Ok(mask)) if mask.count() > 0 => mask.apply(&mut l),
+                    Some(Ok(mask)) if mask.count() > 0 => mask.apply(&mut owned),
                     Some(Ok(_)) => {
                         ended.push((
                             seq,
@@ -888,7 +892,8 @@ impl SchedulerState {
                     }
                 }
             }
-            let tok = sample(&l, &r.req.sampling, &mut r.rng);
+            let l = if owned.is_empty() { raw } else { &owned[..] };
+            let tok = sample(l, &r.req.sampling, &mut r.rng);
             let lp = r
                 .req
                 .logprobs
