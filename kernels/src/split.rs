@@ -28,8 +28,12 @@ impl OutPtr {
 /// pool: about four ranges per thread, each streaming at least
 /// `min_task_bytes` of weights (`row_bytes` per row) when possible, since a
 /// rayon task costs about a microsecond. One range (or one thread) runs in
-/// place: waking a worker costs more than a small GEMV. Inside
-/// [`crate::threads::serial`] the same ranges run in turn on the caller.
+/// place: waking a worker costs more than a small GEMV. More ranges than
+/// threads come in whole rounds (a multiple of the thread count), so equal
+/// ranges give every thread the same share: 5 ranges on 2 threads left one
+/// idle for a fifth of the product (a decode batch's q/k/v and o
+/// projections). Inside [`crate::threads::serial`] the same ranges run in
+/// turn on the caller.
 pub(crate) fn for_row_ranges(
     rows: usize,
     row_bytes: usize,
@@ -37,9 +41,7 @@ pub(crate) fn for_row_ranges(
     f: impl Fn(usize, usize) + Sync,
 ) {
     let threads = rayon::current_num_threads().max(1);
-    let min_rows = (min_task_bytes / row_bytes.max(1)).max(1);
-    let chunk = rows.div_ceil(threads * 4).max(min_rows);
-    let tasks = rows.div_ceil(chunk);
+    let (chunk, tasks) = ranges(rows, row_bytes, min_task_bytes, threads);
     if tasks <= 1 || threads == 1 {
         return f(0, rows);
     }
@@ -52,9 +54,47 @@ pub(crate) fn for_row_ranges(
         .for_each(|t| f(t * chunk, ((t + 1) * chunk).min(rows)));
 }
 
+/// `(rows per range, ranges)` of [`for_row_ranges`] on `threads` threads.
+fn ranges(rows: usize, row_bytes: usize, min_task_bytes: usize, threads: usize) -> (usize, usize) {
+    let min_rows = (min_task_bytes / row_bytes.max(1)).max(1);
+    let chunk = rows.div_ceil(threads * 4).max(min_rows).max(1);
+    let tasks = rows.div_ceil(chunk);
+    if tasks <= threads || tasks.is_multiple_of(threads) {
+        return (chunk, tasks);
+    }
+    let chunk = rows.div_ceil(tasks.next_multiple_of(threads));
+    (chunk, rows.div_ceil(chunk))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::for_row_ranges;
+    use super::{for_row_ranges, ranges};
+
+    #[test]
+    fn more_ranges_than_threads_come_in_whole_rounds() {
+        // A decode batch of 8 on 2 threads: q/k/v (60 panels) and o (36)
+        // gave 5 and 3 ranges before.
+        let panel = 16 * 576 * 8;
+        assert_eq!(ranges(60, panel, 1 << 20, 2), (10, 6));
+        assert_eq!(ranges(36, panel, 1 << 20, 2), (9, 4));
+        // Already whole rounds, a single range, or fewer ranges than
+        // threads: unchanged.
+        assert_eq!(ranges(192, panel, 1 << 20, 2), (24, 8));
+        assert_eq!(ranges(60, 16 * 576, 1 << 20, 2), (113, 1));
+        assert_eq!(ranges(3, 1, 1, 8), (1, 3));
+        for threads in 1..=6 {
+            for rows in 1..400 {
+                let (chunk, tasks) = ranges(rows, 64, 4096, threads);
+                let what = format!("rows {rows}, threads {threads}: {tasks} x {chunk}");
+                // `tasks` ranges of `chunk` rows (the last one shorter) cover the rows.
+                assert!(
+                    chunk >= 1 && (tasks - 1) * chunk < rows && tasks * chunk >= rows,
+                    "{what}"
+                );
+                assert!(tasks <= threads || tasks.is_multiple_of(threads), "{what}");
+            }
+        }
+    }
     use std::sync::Mutex;
 
     #[test]
