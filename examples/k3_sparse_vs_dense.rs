@@ -512,6 +512,13 @@ fn main() -> Result<()> {
         write_checkpoint(&dir, config, specs)?;
         models.push(caracal::models::load_with(&dir, &opts)?);
     }
+    // As `caracal serve` does once its model is loaded.
+    let huge = caracal::malloc::huge_pages_for_resident_memory();
+    println!(
+        "huge pages: {} MiB advised, {} MiB collapsed (CARACAL_HUGE_PAGES=0 skips)",
+        huge.advised >> 20,
+        huge.collapsed >> 20
+    );
     let mut speeds = vec![0.0f64; rows.len()];
     for _ in 0..RUNS {
         for (s, m) in speeds.iter_mut().zip(&models) {

@@ -122,6 +122,8 @@ fn model_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
 fn load_model(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let mut loaded =
         LoadedModel::load_with(dir, opts).with_context(|| format!("loading {}", dir.display()))?;
+    // The weights are in place: back them with huge pages.
+    caracal::malloc::huge_pages_for_resident_memory();
     if loaded.tokenizer.is_none() && TextTokenizer::exists_in(dir) {
         loaded.tokenizer = Some(
             TextTokenizer::from_dir(dir)
