@@ -366,35 +366,27 @@ pub fn run_groups<'a, F>(
     }
     tasks.sort_by_key(|t| std::cmp::Reverse(t.1.len()));
     let largest = tasks[0].1.len() / hidden.max(1);
-    if largest * threads > groups.slots() {
-        tasks.into_par_iter().for_each(|(e, x, y)| {
+    let serial = largest * threads <= groups.slots();
+    // Each task also hints the next task's expert: rayon runs a split's
+    // tasks in order on one thread, so that expert's weights (chosen per
+    // token, mostly out of cache) arrive while this one computes. The tasks
+    // stay one parallel loop, so a thread that is also running the shared
+    // experts (`rayon::join` beside this group) takes fewer of them.
+    let order: Vec<usize> = tasks.iter().map(|t| t.0).collect();
+    tasks
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(i, (e, x, y))| {
             expert(e).prefetch();
-            expert(e).forward_into(x, y);
-        });
-        return;
-    }
-    // Serial experts: each thread takes a run of consecutive tasks and hints
-    // the next expert's weights while the current one computes, so a
-    // token's experts (chosen at random, mostly out of cache) arrive while
-    // the thread works instead of after it asks.
-    let per = tasks.len().div_ceil(threads);
-    let mut runs = Vec::with_capacity(threads);
-    while !tasks.is_empty() {
-        let rest = tasks.split_off(per.min(tasks.len()));
-        runs.push(std::mem::replace(&mut tasks, rest));
-    }
-    runs.into_par_iter().for_each(|run| {
-        if let Some(&(e, _, _)) = run.first() {
-            expert(e).prefetch();
-        }
-        let next: Vec<usize> = run.iter().skip(1).map(|t| t.0).collect();
-        for (i, (e, x, y)) in run.into_iter().enumerate() {
-            if let Some(&n) = next.get(i) {
-                expert(n).prefetch();
+            if let Some(&next) = order.get(i + 1) {
+                expert(next).prefetch();
             }
-            caracal_kernels::threads::serial(|| expert(e).forward_into(x, y));
-        }
-    });
+            if serial {
+                caracal_kernels::threads::serial(|| expert(e).forward_into(x, y));
+            } else {
+                expert(e).forward_into(x, y);
+            }
+        });
 }
 
 /// `Σ_k w_k · y_(r,k)` for every row, in `choices` order, where pair `p`
