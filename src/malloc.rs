@@ -38,6 +38,11 @@ pub fn keep_freed_memory() {
 /// Bytes of a transparent huge page on x86-64 and arm64 (4 KiB base pages).
 const HUGE_PAGE: usize = 2 << 20;
 
+/// Smallest mapping [`huge_pages_for_resident_memory`] advises: the heap,
+/// the allocator's 64 MiB arenas and large mapped buffers are bigger; thread
+/// stacks (2 MiB each), which huge pages would make wholly resident, are not.
+const MIN_MAPPING: usize = 8 << 20;
+
 /// What [`huge_pages_for_resident_memory`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct HugePages {
@@ -50,8 +55,9 @@ pub struct HugePages {
 /// Backs the process's anonymous memory — the allocator's heap and arenas,
 /// where a loaded model's weights (repacked panels, routed experts) live —
 /// with 2 MiB transparent huge pages: `MADV_HUGEPAGE` on every private
-/// read-write anonymous mapping (its 2 MiB-aligned part), so later faults
-/// there take huge pages, then `MADV_COLLAPSE` to move what is resident now.
+/// read-write anonymous mapping of at least [`MIN_MAPPING`] (its 2 MiB-aligned
+/// part), so later faults there take huge pages, then `MADV_COLLAPSE` to move
+/// what is resident now.
 ///
 /// Why: with 4 KiB pages a decode step's TLB covers 8 MiB (2,048 entries)
 /// of the weights it streams, and a sparse model's routed experts are read
@@ -71,7 +77,11 @@ pub fn huge_pages_for_resident_memory() -> HugePages {
         let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
             return done;
         };
-        for (start, end) in maps.lines().filter_map(anonymous_rw) {
+        for (start, end) in maps
+            .lines()
+            .filter_map(anonymous_rw)
+            .filter(|(a, b)| b - a >= MIN_MAPPING)
+        {
             let (a, b) = (
                 start.next_multiple_of(HUGE_PAGE),
                 end / HUGE_PAGE * HUGE_PAGE,
