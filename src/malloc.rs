@@ -62,8 +62,9 @@ pub struct HugePages {
 /// Why: with 4 KiB pages a decode step's TLB covers 8 MiB (2,048 entries)
 /// of the weights it streams, and a sparse model's routed experts are read
 /// at scattered addresses, so most of their pages miss the TLB. SmolLM2
-/// MXFP4 decoded 14–28% faster and the K3-shaped sparse model ~10% faster
-/// with huge-page weights (README, "Latest run"). Call once the weights are
+/// MXFP4's single-sequence tg128 went 285 → 321 tok/s with huge-page
+/// weights; the K3-shaped models measured the same within the noise
+/// (README, "Latest run"). Call once the weights are
 /// loaded. Linux only (a no-op elsewhere); kernels without `MADV_COLLAPSE`
 /// (before 6.1), or a machine whose THP setting is `never`, keep 4 KiB pages
 /// and report less. `CARACAL_HUGE_PAGES=0` skips it, for comparisons.

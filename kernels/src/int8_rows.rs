@@ -271,7 +271,6 @@ pub(crate) mod x86 {
         d: &mut [f32],
         c: &mut [i32],
     ) {
-        let (lo_c, hi_c) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
         let nb = (x.len() / BLOCK).min(d.len()).min(c.len());
         let mut b0 = 0;
         while b0 + 16 <= nb {
@@ -295,31 +294,57 @@ pub(crate) mod x86 {
         {
             // SAFETY: a block is 32 floats and 32 bytes.
             unsafe {
-                let lo = _mm512_loadu_ps(blk.as_ptr());
-                let hi = _mm512_loadu_ps(blk.as_ptr().add(16));
-                let zero = _mm512_setzero_ps();
-                // x·0 is NaN exactly for ±∞ and NaN, and the sum of two
-                // such products is NaN when either is: a lane compare, not
-                // a horizontal sum.
-                let z = _mm512_add_ps(_mm512_mul_ps(lo, zero), _mm512_mul_ps(hi, zero));
-                let finite = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(z, z) == 0xFFFF;
-                let amax =
-                    _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+                let (finite, abs) = block_abs(blk.as_ptr());
+                let amax = _mm512_reduce_max_ps(abs);
                 let dd = amax / 127.0;
                 let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
                 *db = if finite { dd * scheme.d_mul } else { f32::NAN };
-                let inv = _mm512_set1_ps(inv);
-                let round = |v: __m512| {
-                    let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                        _mm512_mul_ps(v, inv),
-                    );
-                    _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo_c), hi_c))
-                };
-                let (ql, qh) = (round(lo), round(hi));
-                _mm_storeu_si128(qb.as_mut_ptr().cast(), _mm512_cvtsepi32_epi8(ql));
-                _mm_storeu_si128(qb.as_mut_ptr().add(16).cast(), _mm512_cvtsepi32_epi8(qh));
-                *cb = -scheme.offset * _mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh));
+                let sum = round_block(blk.as_ptr(), _mm512_set1_ps(inv), qb.as_mut_ptr());
+                *cb = -scheme.offset * _mm512_reduce_add_epi32(sum);
             }
+        }
+    }
+
+    /// Whether a block's 32 values are all finite, and their lane-wise
+    /// `max(|lo|, |hi|)` (its horizontal max is the block's `amax`).
+    ///
+    /// # Safety
+    /// AVX-512 F present; `x` holds a block.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn block_abs(x: *const f32) -> (bool, __m512) {
+        // SAFETY: the caller's contract.
+        let (lo, hi) = unsafe { (_mm512_loadu_ps(x), _mm512_loadu_ps(x.add(16))) };
+        let zero = _mm512_setzero_ps();
+        // x·0 is NaN exactly for ±∞ and NaN, and the sum of two such
+        // products is NaN when either is: a lane compare, not a horizontal sum.
+        let z = _mm512_add_ps(_mm512_mul_ps(lo, zero), _mm512_mul_ps(hi, zero));
+        let finite = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(z, z) == 0xFFFF;
+        (finite, _mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)))
+    }
+
+    /// Rounds a block `x·inv` to nearest-even int8 (clamped to ±127) into
+    /// `q`'s 32 bytes; returns the lane-wise sum of its two int32 halves.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL present; `x` holds a block and `q` 32 bytes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn round_block(x: *const f32, inv: __m512, q: *mut u8) -> __m512i {
+        let (lo_c, hi_c) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+        let round = |v: __m512| {
+            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_mul_ps(v, inv),
+            );
+            _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo_c), hi_c))
+        };
+        // SAFETY: the caller's contract.
+        unsafe {
+            let ql = round(_mm512_loadu_ps(x));
+            let qh = round(_mm512_loadu_ps(x.add(16)));
+            _mm_storeu_si128(q.cast(), _mm512_cvtsepi32_epi8(ql));
+            _mm_storeu_si128(q.add(16).cast(), _mm512_cvtsepi32_epi8(qh));
+            _mm512_add_epi32(ql, qh)
         }
     }
 
@@ -342,14 +367,11 @@ pub(crate) mod x86 {
             let mut amax = [zero; 16];
             let mut bad = 0u16;
             for (b, m) in amax.iter_mut().enumerate() {
-                let lo = _mm512_loadu_ps(x.add(b * BLOCK));
-                let hi = _mm512_loadu_ps(x.add(b * BLOCK + 16));
-                // NaN lanes of x·0 mark ±∞ and NaN, as in the one-block loop.
-                let z = _mm512_add_ps(_mm512_mul_ps(lo, zero), _mm512_mul_ps(hi, zero));
-                if _mm512_cmp_ps_mask::<_CMP_ORD_Q>(z, z) != 0xFFFF {
+                let (finite, abs) = block_abs(x.add(b * BLOCK));
+                if !finite {
                     bad |= 1 << b;
                 }
-                *m = _mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi));
+                *m = abs;
             }
             let amax = reduce16(amax, |a, b| _mm512_max_ps(a, b));
             let dd = _mm512_div_ps(amax, _mm512_set1_ps(127.0));
@@ -359,22 +381,9 @@ pub(crate) mod x86 {
             _mm512_storeu_ps(d, _mm512_mask_mov_ps(dm, bad, _mm512_set1_ps(f32::NAN)));
             let mut invs = [0.0f32; 16];
             _mm512_storeu_ps(invs.as_mut_ptr(), inv);
-            let (lo_c, hi_c) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
-            let mut sums = [_mm512_setzero_si512(); 16];
-            for (b, sum) in sums.iter_mut().enumerate() {
-                let inv = _mm512_set1_ps(invs[b]);
-                let round = |v: __m512| {
-                    let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                        _mm512_mul_ps(v, inv),
-                    );
-                    _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo_c), hi_c))
-                };
-                let ql = round(_mm512_loadu_ps(x.add(b * BLOCK)));
-                let qh = round(_mm512_loadu_ps(x.add(b * BLOCK + 16)));
-                _mm_storeu_si128(q.add(b * BLOCK).cast(), _mm512_cvtsepi32_epi8(ql));
-                _mm_storeu_si128(q.add(b * BLOCK + 16).cast(), _mm512_cvtsepi32_epi8(qh));
-                *sum = _mm512_add_epi32(ql, qh);
-            }
+            let sums: [__m512i; 16] = std::array::from_fn(|b| {
+                round_block(x.add(b * BLOCK), _mm512_set1_ps(invs[b]), q.add(b * BLOCK))
+            });
             let sums = reduce16(sums.map(|v| _mm512_castsi512_ps(v)), |a, b| {
                 _mm512_castsi512_ps(_mm512_add_epi32(
                     _mm512_castps_si512(a),

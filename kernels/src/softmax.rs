@@ -67,9 +67,7 @@ pub fn argmax(x: &[f32]) -> usize {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         crate::cpu::Isa::Avx2 => unsafe { max_avx2(x) },
-        _ => x
-            .iter()
-            .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m }),
+        _ => max_of(f32::NEG_INFINITY, x),
     };
     // `m` is −∞ when every value is −∞ or NaN; no match means all NaN.
     x.iter().position(|&v| v == m).unwrap_or(0)
@@ -110,8 +108,7 @@ unsafe fn max_avx512(x: &[f32]) -> f32 {
         i += 16;
     }
     let v = _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3]));
-    let m = _mm512_reduce_max_ps(v);
-    x[i..].iter().fold(m, |m, &v| if v > m { v } else { m })
+    max_of(_mm512_reduce_max_ps(v), &x[i..])
 }
 
 /// Largest non-NaN value of `x` (−∞ if none), four 8-lane chains.
@@ -134,10 +131,12 @@ unsafe fn max_avx2(x: &[f32]) -> f32 {
     let v = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
     let mut lanes = [0.0f32; 8];
     _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-    lanes
-        .iter()
-        .chain(&x[i..])
-        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+    max_of(max_of(f32::NEG_INFINITY, &lanes), &x[i..])
+}
+
+/// The largest of `m` and the non-NaN values of `x` (a NaN never wins).
+fn max_of(m: f32, x: &[f32]) -> f32 {
+    x.iter().fold(m, |m, &v| if v > m { v } else { m })
 }
 
 /// Descending order of values, NaN last, ties by lower index.

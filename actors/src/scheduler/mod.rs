@@ -867,8 +867,9 @@ impl SchedulerState {
             let raw = &logits[row * vocab..(row + 1) * vocab];
             row += 1;
             // A copy only when penalties or a mask change the logits.
+            let changed = r.req.sampling.has_penalties() || r.constraint.is_some();
             let mut owned = Vec::new();
-            if r.req.sampling.has_penalties() || r.constraint.is_some() {
+            if changed {
                 owned.extend_from_slice(raw);
                 apply_penalties(&mut owned, &r.req.prompt, &r.generated, &r.req.sampling);
             }
@@ -892,7 +893,7 @@ impl SchedulerState {
                     }
                 }
             }
-            let l = if owned.is_empty() { raw } else { &owned[..] };
+            let l = if changed { &owned[..] } else { raw };
             let tok = sample(l, &r.req.sampling, &mut r.rng);
             let lp = r
                 .req
