@@ -24,6 +24,11 @@
 //! timed in interleaved rounds (so that load from other processes hits all
 //! of them alike); the best of [`RUNS`] rounds is reported, as tokens/s and
 //! as ratios. Active parameters exclude the embedding table (a row lookup).
+//!
+//! Weight bytes read per token are printed too: the sparse model's router
+//! has 896 rows against the all-active model's 16 (2.7 MB more bf16 a
+//! token at this shape), so where cost follows bytes the sparse model's
+//! speed is bounded at `all-active bytes / sparse bytes` of the other's.
 //! Run:
 //!
 //! ```text
@@ -315,6 +320,34 @@ fn active_params(specs: &[Spec], experts: Option<usize>) -> (usize, usize) {
     (total, total - embed - idle)
 }
 
+/// Weight bytes read per decoded token, as stored (bf16 2 bytes a value,
+/// f32 4, MXFP4 codes and scales): [`active_params`]' tensors, with a
+/// token's `TOP_K` of every MoE layer's experts.
+fn active_bytes(specs: &[Spec]) -> usize {
+    specs
+        .iter()
+        .filter(|s| !s.name.ends_with("embed_tokens.weight"))
+        .filter(|s| {
+            // `….experts.{j}.w*`: only experts 0..TOP_K count (every token
+            // visits TOP_K experts a layer, of the same size).
+            s.name
+                .split(".experts.")
+                .nth(1)
+                .and_then(|rest| rest.split('.').next())
+                .and_then(|j| j.parse::<usize>().ok())
+                .is_none_or(|j| j < TOP_K)
+        })
+        .map(|s| {
+            let n: usize = s.shape.iter().product();
+            match s.kind {
+                Kind::Bf16(_) => 2 * n,
+                Kind::F32(_) | Kind::F32Head(..) => 4 * n,
+                Kind::Mxfp4 => mxfp4_bytes(s.shape[0], s.shape[1]),
+            }
+        })
+        .sum()
+}
+
 fn text_config(experts: Option<usize>, dense_inter: usize) -> Value {
     let mut c = json!({
         "vocab_size": VOCAB, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
@@ -543,6 +576,18 @@ fn main() -> Result<()> {
     // What the 896-expert model adds to a token: routing (pinned vs
     // all-active) and fetching distinct experts (sparse vs pinned).
     let routed_bytes = (LAYERS - 1) * TOP_K * 3 * mxfp4_bytes(MOE_INTER, LATENT);
+    // Cost per token that follows bytes read: the 896-row router reads more
+    // than the 16-row one, so at equal bytes/s the sparse model reaches
+    // this fraction of the all-active model's speed, and no more.
+    let (sparse_bytes, aa_bytes) = (active_bytes(&sparse), active_bytes(&all_active));
+    println!(
+        "weight bytes a token: sparse {:.2} MB, all-active {:.2} MB: at equal bytes/s sparse/all-active is {:.3}; sparse/all-active speed {:.3} is {:.1}% of that",
+        sparse_bytes as f64 / 1e6,
+        aa_bytes as f64 / 1e6,
+        aa_bytes as f64 / sparse_bytes as f64,
+        speeds[0] / speeds[1],
+        100.0 * speeds[0] / speeds[1] * sparse_bytes as f64 / aa_bytes as f64,
+    );
     let fetch_s = 1.0 / speeds[0] - 1.0 / speeds[3];
     println!(
         "ratio pinned/all-active speed {:.3} (routing over 896 experts); sparse/pinned speed {:.3} (distinct experts: {:.2} MB of MXFP4 weights a token, {:+.1} µs a token, {:.1} GB/s)",
