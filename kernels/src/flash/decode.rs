@@ -654,6 +654,12 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
         pairs::pack(sc.q.as_ptr(), hdp, hd, g, &mut sc.qp);
     }
     let qp = sc.qp.as_ptr();
+    // Groups of up to `SCORE_HEADS` heads sum their pair products into
+    // scores in registers (`pairs::qk_scores`), not through `part`.
+    #[cfg(target_arch = "x86_64")]
+    let tree = pairs && g <= pairs::SCORE_HEADS;
+    #[cfg(not(target_arch = "x86_64"))]
+    let tree = false;
     // PV on pair products too when the value rows are whole vectors of pairs.
     #[cfg(target_arch = "x86_64")]
     let pairs_pv = pairs && pairs::usable(vd);
@@ -747,6 +753,21 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
                 prefetch_span(base.add(off).cast(), v_bytes);
             }
             let koff = &sc.koff[b..b + nb];
+            if tree {
+                // SAFETY: as for `pack` above; `T` is bf16 (`u16`), `qp`
+                // holds the group's `hd / 2` pairs a head, and row `r` of
+                // `s` has room for the block's 16 lanes at `b`.
+                #[cfg(target_arch = "x86_64")]
+                pairs::qk_scores(g, qp, hd, base.cast::<u16>(), koff, s.add(b), DECODE_TILE);
+                for r in 0..g {
+                    let dst = s.add(r * DECODE_TILE + b);
+                    for kk in nb..lanes {
+                        *dst.add(kk) = f32::NEG_INFINITY;
+                    }
+                }
+                b += lanes;
+                continue;
+            }
             let mut r0 = 0;
             while r0 < g {
                 let gb = QK_ROWS.min(g - r0);

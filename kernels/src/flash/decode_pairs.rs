@@ -7,9 +7,12 @@
 //! A head's query `scale·q` is rounded to bf16 once per piece and packed as
 //! dword pairs (`(q[2p], q[2p+1])`, [`pack`]); against a key row's vector
 //! `c` (dims `32c .. 32c + 32`, read as 16 dwords) lane `l` accumulates
-//! dims `2l` and `2l + 1` of each vector. The lanes' partial sums land in
-//! the same `part` layout as the f32 loop's ([`super::lanes::qk_keys`]),
-//! so the transpose reduction, the online softmax and `PV` run unchanged.
+//! dims `2l` and `2l + 1` of each vector. For groups of up to
+//! [`SCORE_HEADS`] heads (SmolLM2's 3) [`qk_scores`] sums each key's lanes
+//! in registers as the keys arrive, one transpose tree per 16 keys, and
+//! stores finished score vectors; larger groups store the lanes' partial
+//! sums in the f32 loop's `part` layout ([`super::lanes::qk_keys`]) for its
+//! transpose reduction. The online softmax and `PV` are the same either way.
 //!
 //! Rounding `scale·q` to bf16 is the only difference from the f32 kernel
 //! (the rows are bf16 already; products and sums are f32): a relative step
@@ -122,6 +125,152 @@ unsafe fn qk_whole<const GB: usize, const V: usize>(
         for (r, &a) in acc.iter().enumerate() {
             _mm512_storeu_ps(part.add(r * stride + kk * 16), a);
         }
+    }
+}
+
+/// Most query heads [`qk_scores`] takes at once: its reduction keeps up to
+/// four pending vectors a head in registers beside the queries'.
+pub(super) const SCORE_HEADS: usize = 4;
+
+/// The scores of `gb` (1..=[`SCORE_HEADS`]) query heads against the keys of
+/// `koff` (at most 16): lane `kk` of the vector stored at `s + r·stride`
+/// is head `r`'s dot product with key `kk`, 0 for `kk ≥ koff.len()`.
+///
+/// The same pair products as [`qk_keys`], summed in registers: each key's
+/// 16 lanes of pair sums enter a transpose tree as soon as they exist
+/// (pairs of keys into halves, pairs of those into quarters, …, one
+/// permute back to key order at the end), so no partial vector goes
+/// through memory and at most four wait per head. The sums associate
+/// differently from `qk_keys` + the lanes' `reduce` (f32 rounding only).
+///
+/// # Safety
+/// As [`qk_keys`], with `s + r·stride` writable for 16 values per head.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn qk_scores(
+    gb: usize,
+    qp: *const u32,
+    hd: usize,
+    base: *const u16,
+    koff: &[usize],
+    s: *mut f32,
+    stride: usize,
+) {
+    macro_rules! rows {
+        ($v:literal) => {
+            match gb {
+                1 => qk_tree::<1, $v>(qp, base, koff, s, stride),
+                2 => qk_tree::<2, $v>(qp, base, koff, s, stride),
+                3 => qk_tree::<3, $v>(qp, base, koff, s, stride),
+                _ => qk_tree::<4, $v>(qp, base, koff, s, stride),
+            }
+        };
+    }
+    match hd / 32 {
+        1 => rows!(1),
+        2 => rows!(2),
+        3 => rows!(3),
+        _ => rows!(4),
+    }
+}
+
+/// [`qk_scores`] for `GB` heads of `V` vectors of pairs.
+///
+/// # Safety
+/// As [`qk_scores`], with `hd = 32·V`.
+#[inline(always)]
+unsafe fn qk_tree<const GB: usize, const V: usize>(
+    qp: *const u32,
+    base: *const u16,
+    koff: &[usize],
+    s: *mut f32,
+    stride: usize,
+) {
+    let mut qv = [[_mm512_setzero_si512(); V]; GB];
+    for (r, row) in qv.iter_mut().enumerate() {
+        for (c, v) in row.iter_mut().enumerate() {
+            *v = _mm512_loadu_si512(qp.add(r * 16 * V + 16 * c).cast());
+        }
+    }
+    let t = Tree::<GB, V> { qv, base, koff };
+    let (a, b) = (t.pairs(0), t.pairs(8));
+    let back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for r in 0..GB {
+        let v = _mm512_add_ps(
+            _mm512_shuffle_ps::<0b10_00_10_00>(a[r], b[r]),
+            _mm512_shuffle_ps::<0b11_01_11_01>(a[r], b[r]),
+        );
+        _mm512_storeu_ps(s.add(r * stride), _mm512_permutexvar_ps(back, v));
+    }
+}
+
+/// The operands of one [`qk_tree`] call; its methods are the levels of
+/// `int8_rows`' 16-vector transpose tree (with `+`), evaluated depth first
+/// so that few vectors wait. Methods, not closures: `#[inline(always)]`
+/// functions take the caller's instruction set when inlined.
+struct Tree<'a, const GB: usize, const V: usize> {
+    qv: [[__m512i; V]; GB],
+    base: *const u16,
+    koff: &'a [usize],
+}
+
+impl<const GB: usize, const V: usize> Tree<'_, GB, V> {
+    /// Key `kk`'s 16 lanes of pair sums per head (zeros past the last key).
+    #[inline(always)]
+    unsafe fn key(&self, kk: usize) -> [__m512; GB] {
+        let mut acc = [_mm512_setzero_ps(); GB];
+        if let Some(&off) = self.koff.get(kk) {
+            let k = self.base.add(off);
+            for c in 0..V {
+                let kv: __m512bh = std::mem::transmute(_mm512_loadu_si512(k.add(32 * c).cast()));
+                for (a, row) in acc.iter_mut().zip(&self.qv) {
+                    *a = _mm512_dpbf16_ps(*a, std::mem::transmute::<__m512i, __m512bh>(row[c]), kv);
+                }
+            }
+        }
+        acc
+    }
+
+    /// Keys `kk`, `kk + 1`: lanes 0–7 hold the first's half sums, 8–15 the second's.
+    #[inline(always)]
+    unsafe fn halves(&self, kk: usize) -> [__m512; GB] {
+        let (a, b) = (self.key(kk), self.key(kk + 1));
+        let mut out = a;
+        for r in 0..GB {
+            out[r] = _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(a[r], b[r]),
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(a[r], b[r]),
+            );
+        }
+        out
+    }
+
+    /// Keys `kk..kk + 4`: 128-bit lane `j` holds key `kk + j`'s 4 partials.
+    #[inline(always)]
+    unsafe fn quarters(&self, kk: usize) -> [__m512; GB] {
+        let (a, b) = (self.halves(kk), self.halves(kk + 2));
+        let mut out = a;
+        for r in 0..GB {
+            out[r] = _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b10_00_10_00>(a[r], b[r]),
+                _mm512_shuffle_f32x4::<0b11_01_11_01>(a[r], b[r]),
+            );
+        }
+        out
+    }
+
+    /// Keys `kk..kk + 8`: in 128-bit lane `j`, elements 0–1 hold key
+    /// `kk + j`'s pair, 2–3 key `kk + 4 + j`'s.
+    #[inline(always)]
+    unsafe fn pairs(&self, kk: usize) -> [__m512; GB] {
+        let (a, b) = (self.quarters(kk), self.quarters(kk + 4));
+        let mut out = a;
+        for r in 0..GB {
+            out[r] = _mm512_add_ps(
+                _mm512_shuffle_ps::<0b01_00_01_00>(a[r], b[r]),
+                _mm512_shuffle_ps::<0b11_10_11_10>(a[r], b[r]),
+            );
+        }
+        out
     }
 }
 
@@ -298,6 +447,72 @@ pub(super) unsafe fn unpermute(o: *mut f32, g: usize, vd: usize) {
             let (lo, hi) = (_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(16)));
             _mm512_storeu_ps(at, _mm512_permutex2var_ps(lo, first, hi));
             _mm512_storeu_ps(at.add(16), _mm512_permutex2var_ps(lo, second, hi));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::{bf16_to_f32, f32_to_bf16};
+    use crate::testing::values;
+
+    /// `qk_scores` against plain dot products of the bf16-rounded queries
+    /// with the bf16 keys, in f64: 1 to 16 keys, 1 to 4 heads, head dims of
+    /// 1 to 4 vectors of pairs, keys scattered through a buffer. Tolerance
+    /// 1e-5 · Σ|q_d·k_d| per score (f32 sums of up to 128 products); lanes
+    /// past the last key are 0.
+    #[test]
+    fn scores_summed_in_registers_are_the_plain_dot_products() {
+        if !std::is_x86_feature_detected!("avx512f") || !std::is_x86_feature_detected!("avx512bf16")
+        {
+            return;
+        }
+        for hd in [32, 64, 96, 128] {
+            let keys: Vec<u16> = values(5, 40 * hd)
+                .iter()
+                .map(|&v| f32_to_bf16(2.0 * v))
+                .collect();
+            for gb in 1..=SCORE_HEADS {
+                let q = values(6 + gb as u64, gb * hd);
+                let mut qp = Vec::new();
+                // SAFETY: AVX-512 F and BF16 checked above; `q` holds `gb` rows of `hd`.
+                unsafe { pack(q.as_ptr(), hd, hd, gb, &mut qp) };
+                for nk in 1..=16 {
+                    // Keys in reverse order from row 39, every other row.
+                    let koff: Vec<usize> = (0..nk).map(|j| (39 - 2 * j) * hd).collect();
+                    let mut s = vec![f32::NAN; gb * 20];
+                    // SAFETY: as above; every offset names `hd` values of
+                    // `keys`, and each head's 16 lanes fit its 20-value row.
+                    unsafe {
+                        qk_scores(
+                            gb,
+                            qp.as_ptr(),
+                            hd,
+                            keys.as_ptr(),
+                            &koff,
+                            s.as_mut_ptr(),
+                            20,
+                        )
+                    };
+                    for r in 0..gb {
+                        for kk in 0..16 {
+                            let got = s[r * 20 + kk];
+                            let (want, mag) = koff.get(kk).map_or((0.0, 0.0), |&off| {
+                                (0..hd).fold((0.0f64, 0.0f64), |(sum, mag), d| {
+                                    let qd = bf16_to_f32(f32_to_bf16(q[r * hd + d])) as f64;
+                                    let t = qd * bf16_to_f32(keys[off + d]) as f64;
+                                    (sum + t, mag + t.abs())
+                                })
+                            });
+                            assert!(
+                                (got as f64 - want).abs() <= 1e-5 * mag,
+                                "hd {hd} heads {gb} keys {nk}: head {r} key {kk}: {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -449,10 +449,13 @@ fn gqa_decode_on_the_best_products_matches_the_f32_tiles() {
     // tiled bf16 test's, 1e-2 · max|out| (2.6e-3 seen: the rounding's 2⁻⁹
     // relative step on queries of up to ±3); elsewhere the f32 kernel, well
     // inside it (6e-7 seen). Head dims of
-    // 1 to 4 vectors of pairs, groups of 1, 3 and 4, and one (head_dim 20)
-    // that stays on the f32 loop.
+    // 1 to 4 vectors of pairs, groups of 1 to 4 (scores summed in
+    // registers, `pairs::qk_scores`) and 6 (through the partial sums), and
+    // one (head_dim 20) that stays on the f32 loop.
     for (n, s) in [
         shape(9, 3, 64, 64),
+        shape(4, 2, 64, 64),
+        shape(12, 2, 64, 64),
         shape(4, 4, 32, 32),
         shape(8, 2, 128, 128),
         shape(6, 2, 96, 96),
