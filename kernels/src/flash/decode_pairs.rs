@@ -72,60 +72,8 @@ pub(super) unsafe fn qk_keys(
     part: *mut f32,
     stride: usize,
 ) {
-    macro_rules! rows {
-        ($v:literal) => {
-            match gb {
-                1 => qk_whole::<1, $v>(qp, base, koff, part, stride),
-                2 => qk_whole::<2, $v>(qp, base, koff, part, stride),
-                3 => qk_whole::<3, $v>(qp, base, koff, part, stride),
-                4 => qk_whole::<4, $v>(qp, base, koff, part, stride),
-                5 => qk_whole::<5, $v>(qp, base, koff, part, stride),
-                6 => qk_whole::<6, $v>(qp, base, koff, part, stride),
-                7 => qk_whole::<7, $v>(qp, base, koff, part, stride),
-                _ => qk_whole::<8, $v>(qp, base, koff, part, stride),
-            }
-        };
-    }
-    match hd / 32 {
-        1 => rows!(1),
-        2 => rows!(2),
-        3 => rows!(3),
-        _ => rows!(4),
-    }
-}
-
-/// [`qk_keys`] for `GB` heads of `V` vectors of pairs, the query vectors in
-/// registers across the keys.
-///
-/// # Safety
-/// As [`qk_keys`], with `hd = 32·V`.
-#[inline(always)]
-unsafe fn qk_whole<const GB: usize, const V: usize>(
-    qp: *const u32,
-    base: *const u16,
-    koff: &[usize],
-    part: *mut f32,
-    stride: usize,
-) {
-    let mut qv = [[_mm512_setzero_si512(); V]; GB];
-    for (r, row) in qv.iter_mut().enumerate() {
-        for (c, v) in row.iter_mut().enumerate() {
-            *v = _mm512_loadu_si512(qp.add(r * 16 * V + 16 * c).cast());
-        }
-    }
-    for (kk, &off) in koff.iter().enumerate() {
-        let k = base.add(off);
-        let mut acc = [_mm512_setzero_ps(); GB];
-        for c in 0..V {
-            let kv: __m512bh = std::mem::transmute(_mm512_loadu_si512(k.add(32 * c).cast()));
-            for (a, row) in acc.iter_mut().zip(&qv) {
-                *a = _mm512_dpbf16_ps(*a, std::mem::transmute::<__m512i, __m512bh>(row[c]), kv);
-            }
-        }
-        for (r, &a) in acc.iter().enumerate() {
-            _mm512_storeu_ps(part.add(r * stride + kk * 16), a);
-        }
-    }
+    let keys = Keys { base, koff };
+    by_shape(&Partials { keys, part, stride }, gb, hd, qp);
 }
 
 /// Most query heads [`qk_scores`] takes at once: its reduction keeps up to
@@ -144,7 +92,8 @@ pub(super) const SCORE_HEADS: usize = 4;
 /// differently from `qk_keys` + the lanes' `reduce` (f32 rounding only).
 ///
 /// # Safety
-/// As [`qk_keys`], with `s + r·stride` writable for 16 values per head.
+/// As [`qk_keys`], with `gb ≤ SCORE_HEADS` and `s + r·stride` writable for
+/// 16 values per head.
 #[target_feature(enable = "avx512f,avx512bf16")]
 pub(super) unsafe fn qk_scores(
     gb: usize,
@@ -155,13 +104,36 @@ pub(super) unsafe fn qk_scores(
     s: *mut f32,
     stride: usize,
 ) {
+    let keys = Keys { base, koff };
+    by_shape(&Scores { keys, s, stride }, gb.min(SCORE_HEADS), hd, qp);
+}
+
+/// What a `QK` pass does with the pair sums of `GB` heads of `V` vectors
+/// of pairs, given the query vectors (`qv`, in registers across the keys).
+trait QkPass {
+    /// # Safety
+    /// The caller's contract ([`qk_keys`], [`qk_scores`]).
+    unsafe fn run<const GB: usize, const V: usize>(&self, qv: &[[__m512i; V]; GB]);
+}
+
+/// Loads `gb` heads of `hd / 2` pairs from `qp` and runs `pass` with the
+/// constants `GB = gb` (1..=8) and `V = hd / 32` (1..=4).
+///
+/// # Safety
+/// As [`qk_keys`].
+#[inline(always)]
+unsafe fn by_shape<P: QkPass>(pass: &P, gb: usize, hd: usize, qp: *const u32) {
     macro_rules! rows {
         ($v:literal) => {
             match gb {
-                1 => qk_tree::<1, $v>(qp, base, koff, s, stride),
-                2 => qk_tree::<2, $v>(qp, base, koff, s, stride),
-                3 => qk_tree::<3, $v>(qp, base, koff, s, stride),
-                _ => qk_tree::<4, $v>(qp, base, koff, s, stride),
+                1 => with_queries::<P, 1, $v>(pass, qp),
+                2 => with_queries::<P, 2, $v>(pass, qp),
+                3 => with_queries::<P, 3, $v>(pass, qp),
+                4 => with_queries::<P, 4, $v>(pass, qp),
+                5 => with_queries::<P, 5, $v>(pass, qp),
+                6 => with_queries::<P, 6, $v>(pass, qp),
+                7 => with_queries::<P, 7, $v>(pass, qp),
+                _ => with_queries::<P, 8, $v>(pass, qp),
             }
         };
     }
@@ -173,67 +145,102 @@ pub(super) unsafe fn qk_scores(
     }
 }
 
-/// [`qk_scores`] for `GB` heads of `V` vectors of pairs.
+/// Runs `pass` on the `GB` heads of `V` vectors of pairs at `qp`.
 ///
 /// # Safety
-/// As [`qk_scores`], with `hd = 32·V`.
+/// As [`qk_keys`], with `hd = 32·V`.
 #[inline(always)]
-unsafe fn qk_tree<const GB: usize, const V: usize>(
-    qp: *const u32,
-    base: *const u16,
-    koff: &[usize],
-    s: *mut f32,
-    stride: usize,
-) {
+unsafe fn with_queries<P: QkPass, const GB: usize, const V: usize>(pass: &P, qp: *const u32) {
     let mut qv = [[_mm512_setzero_si512(); V]; GB];
     for (r, row) in qv.iter_mut().enumerate() {
         for (c, v) in row.iter_mut().enumerate() {
             *v = _mm512_loadu_si512(qp.add(r * 16 * V + 16 * c).cast());
         }
     }
-    let t = Tree::<GB, V> { qv, base, koff };
-    let (a, b) = (t.pairs(0), t.pairs(8));
-    let back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    for r in 0..GB {
-        let v = _mm512_add_ps(
-            _mm512_shuffle_ps::<0b10_00_10_00>(a[r], b[r]),
-            _mm512_shuffle_ps::<0b11_01_11_01>(a[r], b[r]),
-        );
-        _mm512_storeu_ps(s.add(r * stride), _mm512_permutexvar_ps(back, v));
-    }
+    pass.run(&qv);
 }
 
-/// The operands of one [`qk_tree`] call; its methods are the levels of
-/// `int8_rows`' 16-vector transpose tree (with `+`), evaluated depth first
-/// so that few vectors wait. Methods, not closures: `#[inline(always)]`
-/// functions take the caller's instruction set when inlined.
-struct Tree<'a, const GB: usize, const V: usize> {
-    qv: [[__m512i; V]; GB],
+/// The key rows of a block: key `kk` at `base + koff[kk]`.
+#[derive(Clone, Copy)]
+struct Keys<'a> {
     base: *const u16,
     koff: &'a [usize],
 }
 
-impl<const GB: usize, const V: usize> Tree<'_, GB, V> {
+impl Keys<'_> {
     /// Key `kk`'s 16 lanes of pair sums per head (zeros past the last key).
+    /// A method, not a closure: `#[inline(always)]` functions take the
+    /// caller's instruction set when inlined.
     #[inline(always)]
-    unsafe fn key(&self, kk: usize) -> [__m512; GB] {
+    unsafe fn sums<const GB: usize, const V: usize>(
+        self,
+        qv: &[[__m512i; V]; GB],
+        kk: usize,
+    ) -> [__m512; GB] {
         let mut acc = [_mm512_setzero_ps(); GB];
         if let Some(&off) = self.koff.get(kk) {
             let k = self.base.add(off);
             for c in 0..V {
                 let kv: __m512bh = std::mem::transmute(_mm512_loadu_si512(k.add(32 * c).cast()));
-                for (a, row) in acc.iter_mut().zip(&self.qv) {
+                for (a, row) in acc.iter_mut().zip(qv) {
                     *a = _mm512_dpbf16_ps(*a, std::mem::transmute::<__m512i, __m512bh>(row[c]), kv);
                 }
             }
         }
         acc
     }
+}
 
+/// [`qk_keys`]' pass: every key's lanes stored as they are.
+struct Partials<'a> {
+    keys: Keys<'a>,
+    part: *mut f32,
+    stride: usize,
+}
+
+impl QkPass for Partials<'_> {
+    #[inline(always)]
+    unsafe fn run<const GB: usize, const V: usize>(&self, qv: &[[__m512i; V]; GB]) {
+        for kk in 0..self.keys.koff.len() {
+            for (r, &a) in self.keys.sums(qv, kk).iter().enumerate() {
+                _mm512_storeu_ps(self.part.add(r * self.stride + kk * 16), a);
+            }
+        }
+    }
+}
+
+/// [`qk_scores`]' pass: the levels of `int8_rows`' 16-vector transpose
+/// tree (with `+`), evaluated depth first so that few vectors wait.
+struct Scores<'a> {
+    keys: Keys<'a>,
+    s: *mut f32,
+    stride: usize,
+}
+
+impl QkPass for Scores<'_> {
+    #[inline(always)]
+    unsafe fn run<const GB: usize, const V: usize>(&self, qv: &[[__m512i; V]; GB]) {
+        let (a, b) = (self.pairs(qv, 0), self.pairs(qv, 8));
+        let back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        for r in 0..GB {
+            let v = _mm512_add_ps(
+                _mm512_shuffle_ps::<0b10_00_10_00>(a[r], b[r]),
+                _mm512_shuffle_ps::<0b11_01_11_01>(a[r], b[r]),
+            );
+            _mm512_storeu_ps(self.s.add(r * self.stride), _mm512_permutexvar_ps(back, v));
+        }
+    }
+}
+
+impl Scores<'_> {
     /// Keys `kk`, `kk + 1`: lanes 0–7 hold the first's half sums, 8–15 the second's.
     #[inline(always)]
-    unsafe fn halves(&self, kk: usize) -> [__m512; GB] {
-        let (a, b) = (self.key(kk), self.key(kk + 1));
+    unsafe fn halves<const GB: usize, const V: usize>(
+        &self,
+        qv: &[[__m512i; V]; GB],
+        kk: usize,
+    ) -> [__m512; GB] {
+        let (a, b) = (self.keys.sums(qv, kk), self.keys.sums(qv, kk + 1));
         let mut out = a;
         for r in 0..GB {
             out[r] = _mm512_add_ps(
@@ -246,8 +253,12 @@ impl<const GB: usize, const V: usize> Tree<'_, GB, V> {
 
     /// Keys `kk..kk + 4`: 128-bit lane `j` holds key `kk + j`'s 4 partials.
     #[inline(always)]
-    unsafe fn quarters(&self, kk: usize) -> [__m512; GB] {
-        let (a, b) = (self.halves(kk), self.halves(kk + 2));
+    unsafe fn quarters<const GB: usize, const V: usize>(
+        &self,
+        qv: &[[__m512i; V]; GB],
+        kk: usize,
+    ) -> [__m512; GB] {
+        let (a, b) = (self.halves(qv, kk), self.halves(qv, kk + 2));
         let mut out = a;
         for r in 0..GB {
             out[r] = _mm512_add_ps(
@@ -261,8 +272,12 @@ impl<const GB: usize, const V: usize> Tree<'_, GB, V> {
     /// Keys `kk..kk + 8`: in 128-bit lane `j`, elements 0–1 hold key
     /// `kk + j`'s pair, 2–3 key `kk + 4 + j`'s.
     #[inline(always)]
-    unsafe fn pairs(&self, kk: usize) -> [__m512; GB] {
-        let (a, b) = (self.quarters(kk), self.quarters(kk + 4));
+    unsafe fn pairs<const GB: usize, const V: usize>(
+        &self,
+        qv: &[[__m512i; V]; GB],
+        kk: usize,
+    ) -> [__m512; GB] {
+        let (a, b) = (self.quarters(qv, kk), self.quarters(qv, kk + 4));
         let mut out = a;
         for r in 0..GB {
             out[r] = _mm512_add_ps(
