@@ -106,6 +106,11 @@ const K_AHEAD_BLOCKS: usize = 1;
 /// Most query heads one QK pass keeps accumulators for.
 const QK_ROWS: usize = 8;
 
+/// Most query heads whose `QK` scores are summed in registers
+/// (`pairs::qk_scores`, `lanes::qk_scores`): their transpose trees keep up
+/// to four pending vectors a head beside the queries'.
+const SCORE_HEADS: usize = 4;
+
 /// Most query heads one PV pass keeps accumulators for.
 const PV_ROWS: usize = 6;
 
@@ -657,9 +662,11 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
     // Groups of up to `SCORE_HEADS` heads sum their pair products into
     // scores in registers (`pairs::qk_scores`), not through `part`.
     #[cfg(target_arch = "x86_64")]
-    let tree = pairs && g <= pairs::SCORE_HEADS;
+    let tree = pairs && g <= SCORE_HEADS;
     #[cfg(not(target_arch = "x86_64"))]
     let tree = false;
+    // Otherwise the f32 products do the same where the build has the tree.
+    let lane_tree = !pairs && lanes::scores_in_registers::<S>(g, hd);
     // PV on pair products too when the value rows are whole vectors of pairs.
     #[cfg(target_arch = "x86_64")]
     let pairs_pv = pairs && pairs::usable(vd);
@@ -753,14 +760,24 @@ unsafe fn piece<S: DecSimd, T: KvElem>(
                 prefetch_span(base.add(off).cast(), v_bytes);
             }
             let koff = &sc.koff[b..b + nb];
-            if tree {
-                // SAFETY: as for `pack` above; `T` is bf16 (`u16`), `qp`
-                // holds the group's `hd / 2` pairs a head, and row `r` of
-                // `s` has room for the block's 16 lanes at `b`.
-                #[cfg(target_arch = "x86_64")]
-                pairs::qk_scores(g, qp, hd, base.cast::<u16>(), koff, s.add(b), DECODE_TILE);
+            if tree || lane_tree {
+                if tree {
+                    // SAFETY: as for `pack` above; `T` is bf16 (`u16`), `qp`
+                    // holds the group's `hd / 2` pairs a head, and row `r`
+                    // of `s` has room for the block's 16 lanes at `b`.
+                    #[cfg(target_arch = "x86_64")]
+                    pairs::qk_scores(g, qp, hd, base.cast::<u16>(), koff, s.add(b), DECODE_TILE);
+                } else {
+                    // SAFETY: `scores_in_registers` holds; `q` has the
+                    // group's `g` rows; row `r` of `s` has room at `b`.
+                    lanes::qk_scores::<S, T>(g, q, hdp, hd, base, koff, s.add(b), DECODE_TILE);
+                }
+                let ks = scales.map(|_| S::load(sc.ks.as_ptr().add(b)));
                 for r in 0..g {
                     let dst = s.add(r * DECODE_TILE + b);
+                    if let Some(k) = ks {
+                        S::store(dst, S::mul(S::load(dst), k));
+                    }
                     for kk in nb..lanes {
                         *dst.add(kk) = f32::NEG_INFINITY;
                     }

@@ -3,12 +3,15 @@
 //! unscaled, the kernel applies the scales per key), the widenings and the
 //! keys-in-lanes score reduction per instruction set ([`DecSimd`]),
 //! horizontal max / sum, and the inner QK and PV loops of a piece
-//! ([`qk_keys`], [`pv_tile`]).
+//! ([`qk_keys`], [`pv_tile`]). For groups of up to four heads with whole
+//! vectors of head dims, [`qk_scores`] sums each key's lanes in registers
+//! ([`DecSimd::fold`], the levels of the same transpose tree) instead of
+//! storing them for [`DecSimd::reduce`].
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::{DECODE_TILE, PV_ROWS};
+use super::{DECODE_TILE, PV_ROWS, SCORE_HEADS};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{Avx2, Avx512};
 use crate::simd::{Portable, Simd};
@@ -90,6 +93,16 @@ pub(in crate::flash) trait DecSimd: Simd {
     /// `p + j·LANES`) and returns the vector whose lane `j` is the sum of
     /// vector `j`'s lanes.
     unsafe fn reduce(p: *const f32) -> Self::V;
+    /// Whether [`DecSimd::fold`] and [`DecSimd::in_key_order`] sum keys'
+    /// lanes in registers ([`qk_scores`]); `false`: only through
+    /// [`DecSimd::reduce`].
+    const TREE: bool;
+    /// Level `L` of the keys' transpose tree (the tree [`DecSimd::reduce`]
+    /// runs over a stored tile): `a` and `b` hold the partial sums of two
+    /// runs of `2^L` consecutive keys, the result those of both runs.
+    unsafe fn fold<const L: u32>(a: Self::V, b: Self::V) -> Self::V;
+    /// The tree's last vector with lane `j` holding key `j`'s sum.
+    unsafe fn in_key_order(v: Self::V) -> Self::V;
 }
 
 /// Sum of each of 8 vectors into one lane each (lane `j` = Σ `v[j]`).
@@ -139,6 +152,37 @@ impl DecSimd for Avx512 {
         let wide = _mm512_castps_pd(_mm512_castps256_ps512(lo));
         _mm512_castpd_ps(_mm512_insertf64x4::<1>(wide, _mm256_castps_pd(hi)))
     }
+    const TREE: bool = true;
+    /// Halves, quarters, pairs, lanes (`int8_rows`' 16-vector tree with `+`).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fold<const L: u32>(a: __m512, b: __m512) -> __m512 {
+        let (x, y) = match L {
+            0 => (
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+            ),
+            1 => (
+                _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+                _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+            ),
+            2 => (
+                _mm512_shuffle_ps::<0b01_00_01_00>(a, b),
+                _mm512_shuffle_ps::<0b11_10_11_10>(a, b),
+            ),
+            _ => (
+                _mm512_shuffle_ps::<0b10_00_10_00>(a, b),
+                _mm512_shuffle_ps::<0b11_01_11_01>(a, b),
+            ),
+        };
+        _mm512_add_ps(x, y)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn in_key_order(v: __m512) -> __m512 {
+        let back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        _mm512_permutexvar_ps(back, v)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -159,6 +203,24 @@ impl DecSimd for Avx2 {
     unsafe fn reduce(p: *const f32) -> __m256 {
         reduce8(std::array::from_fn(|j| _mm256_loadu_ps(p.add(8 * j))))
     }
+    const TREE: bool = true;
+    /// [`reduce8`]'s levels: two horizontal adds, then the 128-bit halves.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fold<const L: u32>(a: __m256, b: __m256) -> __m256 {
+        match L {
+            0 | 1 => _mm256_hadd_ps(a, b),
+            _ => _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(a, b),
+                _mm256_permute2f128_ps::<0x31>(a, b),
+            ),
+        }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn in_key_order(v: __m256) -> __m256 {
+        v
+    }
 }
 
 impl DecSimd for Portable {
@@ -173,6 +235,13 @@ impl DecSimd for Portable {
     #[inline(always)]
     unsafe fn reduce(p: *const f32) -> [f32; 8] {
         std::array::from_fn(|j| (0..8).map(|i| *p.add(8 * j + i)).sum())
+    }
+    const TREE: bool = false;
+    unsafe fn fold<const L: u32>(_: [f32; 8], _: [f32; 8]) -> [f32; 8] {
+        unreachable!("the portable build reduces through memory (TREE is false)")
+    }
+    unsafe fn in_key_order(v: [f32; 8]) -> [f32; 8] {
+        v
     }
 }
 
@@ -256,6 +325,133 @@ unsafe fn qk_whole<S: DecSimd, T: KvElem, const GB: usize, const FULL: usize>(
         }
         for (r, &a) in acc.iter().enumerate() {
             S::store(part.add(r * stride + kk * lanes), a);
+        }
+    }
+}
+
+/// Whether [`qk_scores`] takes `g` heads of dimension `hd` on `S`: a tree
+/// build, at most [`SCORE_HEADS`] heads, and 1 to 4 whole vectors a head.
+pub(super) fn scores_in_registers<S: DecSimd>(g: usize, hd: usize) -> bool {
+    S::TREE && g <= SCORE_HEADS && hd.is_multiple_of(S::LANES) && (1..=4).contains(&(hd / S::LANES))
+}
+
+/// The scores of `g` query heads against the keys of `koff` (at most
+/// `LANES`): lane `kk` of the vector stored at `s + r·stride` is head `r`'s
+/// dot product with key `kk` (unscaled for int8 rows), 0 past the last key.
+///
+/// [`qk_keys`]' products, summed in registers: each key's lanes enter the
+/// transpose tree of [`DecSimd::fold`] as soon as they exist, depth first,
+/// so no partial vector goes through memory. The sums associate
+/// differently from `qk_keys` + [`DecSimd::reduce`] (f32 rounding only).
+///
+/// # Safety
+/// [`scores_in_registers`]`::<S>(g, hd)`; `q` holds `g` rows of `hdp`
+/// values; each `base + koff[kk]` has `hd` readable values; `s + r·stride`
+/// is writable for `LANES` values per head.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) unsafe fn qk_scores<S: DecSimd, T: KvElem>(
+    g: usize,
+    q: *const f32,
+    hdp: usize,
+    hd: usize,
+    base: *const T,
+    koff: &[usize],
+    s: *mut f32,
+    stride: usize,
+) {
+    macro_rules! rows {
+        ($full:literal) => {
+            match g {
+                1 => LaneTree::<S, T, 1, $full>::new(q, hdp, base, koff).store(s, stride),
+                2 => LaneTree::<S, T, 2, $full>::new(q, hdp, base, koff).store(s, stride),
+                3 => LaneTree::<S, T, 3, $full>::new(q, hdp, base, koff).store(s, stride),
+                _ => LaneTree::<S, T, 4, $full>::new(q, hdp, base, koff).store(s, stride),
+            }
+        };
+    }
+    match hd / S::LANES {
+        1 => rows!(1),
+        2 => rows!(2),
+        3 => rows!(3),
+        _ => rows!(4),
+    }
+}
+
+/// One [`qk_scores`] call: `GB` heads' query vectors (`FULL` a head) in
+/// registers and the block's keys. Methods, not closures, so that they take
+/// the caller's instruction set when inlined.
+struct LaneTree<'a, S: DecSimd, T, const GB: usize, const FULL: usize> {
+    qv: [[S::V; FULL]; GB],
+    base: *const T,
+    koff: &'a [usize],
+}
+
+impl<'a, S: DecSimd, T: KvElem, const GB: usize, const FULL: usize> LaneTree<'a, S, T, GB, FULL> {
+    #[inline(always)]
+    unsafe fn new(q: *const f32, hdp: usize, base: *const T, koff: &'a [usize]) -> Self {
+        let mut qv = [[S::zero(); FULL]; GB];
+        for (r, row) in qv.iter_mut().enumerate() {
+            for (c, v) in row.iter_mut().enumerate() {
+                *v = S::load(q.add(r * hdp + c * S::LANES));
+            }
+        }
+        LaneTree { qv, base, koff }
+    }
+
+    /// Key `kk`'s lanes of partial sums per head (zeros past the last key).
+    #[inline(always)]
+    unsafe fn key(&self, kk: usize) -> [S::V; GB] {
+        let mut acc = [S::zero(); GB];
+        if let Some(&off) = self.koff.get(kk) {
+            let k = self.base.add(off);
+            for c in 0..FULL {
+                let kv = T::load::<S>(k.add(c * S::LANES));
+                for (a, row) in acc.iter_mut().zip(&self.qv) {
+                    *a = S::fma(kv, row[c], *a);
+                }
+            }
+        }
+        acc
+    }
+
+    #[inline(always)]
+    unsafe fn join<const L: u32>(a: [S::V; GB], b: [S::V; GB]) -> [S::V; GB] {
+        let mut out = a;
+        for r in 0..GB {
+            out[r] = S::fold::<L>(a[r], b[r]);
+        }
+        out
+    }
+
+    /// Keys `kk..kk + 2`, `..+ 4`, `..+ 8`, `..+ 16`.
+    #[inline(always)]
+    unsafe fn two(&self, kk: usize) -> [S::V; GB] {
+        Self::join::<0>(self.key(kk), self.key(kk + 1))
+    }
+    #[inline(always)]
+    unsafe fn four(&self, kk: usize) -> [S::V; GB] {
+        Self::join::<1>(self.two(kk), self.two(kk + 2))
+    }
+    #[inline(always)]
+    unsafe fn eight(&self, kk: usize) -> [S::V; GB] {
+        Self::join::<2>(self.four(kk), self.four(kk + 4))
+    }
+    #[inline(always)]
+    unsafe fn sixteen(&self) -> [S::V; GB] {
+        Self::join::<3>(self.eight(0), self.eight(8))
+    }
+
+    /// Stores the `GB` score vectors at `s + r·stride`.
+    #[inline(always)]
+    unsafe fn store(&self, s: *mut f32, stride: usize) {
+        let v = if S::LANES == 16 {
+            self.sixteen()
+        } else {
+            self.eight(0)
+        };
+        for (r, &x) in v.iter().enumerate() {
+            S::store(s.add(r * stride), S::in_key_order(x));
         }
     }
 }

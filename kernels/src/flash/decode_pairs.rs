@@ -22,6 +22,8 @@
 
 use std::arch::x86_64::*;
 
+use super::SCORE_HEADS;
+
 /// Largest head dimension, in 32-value vectors, the unrolled loop takes.
 const MAX_VECTORS: usize = 4;
 
@@ -75,10 +77,6 @@ pub(super) unsafe fn qk_keys(
     let keys = Keys { base, koff };
     by_shape(&Partials { keys, part, stride }, gb, hd, qp);
 }
-
-/// Most query heads [`qk_scores`] takes at once: its reduction keeps up to
-/// four pending vectors a head in registers beside the queries'.
-pub(super) const SCORE_HEADS: usize = 4;
 
 /// The scores of `gb` (1..=[`SCORE_HEADS`]) query heads against the keys of
 /// `koff` (at most 16): lane `kk` of the vector stored at `s + r·stride`

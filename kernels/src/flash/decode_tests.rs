@@ -509,3 +509,77 @@ fn gqa_decode_on_the_best_products_matches_the_f32_tiles() {
         }
     }
 }
+
+/// `lanes::qk_scores` (the f32 products' scores summed in registers) against
+/// plain f64 dot products of the stored values, on every tree build this CPU
+/// runs, over f32, bf16 and int8 rows: 1 to `LANES` keys scattered through
+/// a buffer, 1 to 4 heads, 1 to 4 vectors a head. Tolerance 1e-5 · Σ|q·k|
+/// per score (f32 sums of up to 64 products); lanes past the last key are 0.
+#[test]
+fn lane_scores_summed_in_registers_are_the_plain_dot_products() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::dtype::{bf16_to_f32, f32_to_bf16};
+        use crate::simd::{Avx2, Avx512};
+        fn check<S: DecSimd, T: KvElem>(rows: &[T], widen: impl Fn(T) -> f64, what: &str) {
+            let lanes = S::LANES;
+            for full in 1..=4 {
+                let hd = full * lanes;
+                for g in 1..=SCORE_HEADS {
+                    assert!(lanes::scores_in_registers::<S>(g, hd));
+                    let q = values(40 + g as u64, g * hd);
+                    for nk in 1..=lanes {
+                        // Keys in reverse order, every other row of 40.
+                        let koff: Vec<usize> = (0..nk).map(|j| (39 - 2 * j) * hd).collect();
+                        let mut s = vec![f32::NAN; g * 20];
+                        // SAFETY: the tree build is supported (checked by the
+                        // caller); every offset names `hd` values of `rows`.
+                        unsafe {
+                            lanes::qk_scores::<S, T>(
+                                g,
+                                q.as_ptr(),
+                                hd,
+                                hd,
+                                rows.as_ptr(),
+                                &koff,
+                                s.as_mut_ptr(),
+                                20,
+                            )
+                        };
+                        for r in 0..g {
+                            for kk in 0..lanes {
+                                let (want, mag) = koff.get(kk).map_or((0.0, 0.0), |&off| {
+                                    (0..hd).fold((0.0f64, 0.0f64), |(sum, mag), d| {
+                                        let t = q[r * hd + d] as f64 * widen(rows[off + d]);
+                                        (sum + t, mag + t.abs())
+                                    })
+                                });
+                                let got = s[r * 20 + kk] as f64;
+                                assert!(
+                                    (got - want).abs() <= 1e-5 * mag,
+                                    "{what} hd {hd} heads {g} keys {nk}: head {r} key {kk}: {got} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let f: Vec<f32> = values(3, 40 * 64);
+        let b: Vec<u16> = f.iter().map(|&v| f32_to_bf16(v)).collect();
+        let i: Vec<i8> = f
+            .iter()
+            .map(|&v| (v * 120.0).round().clamp(-127.0, 127.0) as i8)
+            .collect();
+        if Isa::Avx512.supported() {
+            check::<Avx512, f32>(&f, |v| v as f64, "avx512 f32");
+            check::<Avx512, u16>(&b, |v| bf16_to_f32(v) as f64, "avx512 bf16");
+            check::<Avx512, i8>(&i, |v| v as f64, "avx512 int8");
+        }
+        if Isa::Avx2.supported() {
+            check::<Avx2, f32>(&f, |v| v as f64, "avx2 f32");
+            check::<Avx2, u16>(&b, |v| bf16_to_f32(v) as f64, "avx2 bf16");
+            check::<Avx2, i8>(&i, |v| v as f64, "avx2 int8");
+        }
+    }
+}
