@@ -64,7 +64,8 @@ pub struct HugePages {
 /// at scattered addresses, so most of their pages miss the TLB. SmolLM2
 /// MXFP4's single-sequence tg128 went 285 → 321 tok/s with huge-page
 /// weights; the K3-shaped models measured the same within the noise
-/// (README, "Latest run"). Call once the weights are
+/// (README, Performance; `bench/HISTORY.md` once it moves). Call once the
+/// weights are
 /// loaded. Linux only (a no-op elsewhere); kernels without `MADV_COLLAPSE`
 /// (before 6.1), or a machine whose THP setting is `never`, keep 4 KiB pages
 /// and report less. `CARACAL_HUGE_PAGES=0` skips it, for comparisons.

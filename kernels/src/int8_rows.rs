@@ -397,44 +397,22 @@ pub(crate) mod x86 {
     }
 
     /// Lane `b` of the result is `op` folded over the 16 lanes of `v[b]`:
-    /// sixteen horizontal reductions as one transpose tree (halves, quarters,
-    /// pairs, then single lanes; 15 `op`s and 30 shuffles), then one
+    /// sixteen horizontal reductions as one transpose tree
+    /// ([`crate::simd::tree16_level`]: 15 `op`s and 30 shuffles), then one
     /// permute back to block order. `op` must be associative and commutative
     /// on the values it meets (max, integer add).
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn reduce16(v: [__m512; 16], op: impl Fn(__m512, __m512) -> __m512) -> __m512 {
-        // Halves: lanes 0–7 hold v[2i]'s partials, 8–15 v[2i + 1]'s.
-        let w: [__m512; 8] = std::array::from_fn(|i| {
-            let (a, b) = (v[2 * i], v[2 * i + 1]);
-            op(
-                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
-                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
-            )
-        });
-        // Quarters: 128-bit lane k holds v[4i + k]'s 4 partials.
-        let x: [__m512; 4] = std::array::from_fn(|i| {
-            let (a, b) = (w[2 * i], w[2 * i + 1]);
-            op(
-                _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
-                _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
-            )
-        });
-        // Pairs: in 128-bit lane k, elements 0–1 hold v[8i + k], 2–3 v[8i + 4 + k].
-        let y: [__m512; 2] = std::array::from_fn(|i| {
-            let (a, b) = (x[2 * i], x[2 * i + 1]);
-            op(
-                _mm512_shuffle_ps::<0b01_00_01_00>(a, b),
-                _mm512_shuffle_ps::<0b11_10_11_10>(a, b),
-            )
-        });
-        // Element j of 128-bit lane k now holds v[k + 4j]: lane 4k + j.
-        let r = op(
-            _mm512_shuffle_ps::<0b10_00_10_00>(y[0], y[1]),
-            _mm512_shuffle_ps::<0b11_01_11_01>(y[0], y[1]),
-        );
-        let back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-        _mm512_permutexvar_ps(back, r)
+        use crate::simd::{tree16_in_order, tree16_level};
+        let fold = |(x, y): (__m512, __m512)| op(x, y);
+        let w: [__m512; 8] =
+            std::array::from_fn(|i| fold(tree16_level::<0>(v[2 * i], v[2 * i + 1])));
+        let x: [__m512; 4] =
+            std::array::from_fn(|i| fold(tree16_level::<1>(w[2 * i], w[2 * i + 1])));
+        let y: [__m512; 2] =
+            std::array::from_fn(|i| fold(tree16_level::<2>(x[2 * i], x[2 * i + 1])));
+        tree16_in_order(fold(tree16_level::<3>(y[0], y[1])))
     }
 }
 

@@ -45,6 +45,52 @@ pub(crate) unsafe fn exp<S: Simd>(x: S::V) -> S::V {
     S::select_gt(S::splat(EXP_LO), x, S::zero(), y)
 }
 
+/// Level `L` (0..=3) of the 16-vector transpose tree that sums (or maxes)
+/// sixteen vectors into one lane each: the two vectors whose lane-wise `op`
+/// combines `a` and `b`, each holding the partials of `2^L` items. Halves
+/// (lanes 0–7 of `a`'s items, 8–15 of `b`'s), quarters (128-bit lane `k`
+/// holds item `k`'s 4 partials), pairs (in 128-bit lane `k`, elements 0–1
+/// item `k`, 2–3 item `4 + k`), then single lanes (element `j` of 128-bit
+/// lane `k` is item `k + 4j`, see [`tree16_in_order`]).
+///
+/// # Safety
+/// AVX-512 F present.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn tree16_level<const L: u32>(a: __m512, b: __m512) -> (__m512, __m512) {
+    match L {
+        0 => (
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+        ),
+        1 => (
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+        ),
+        2 => (
+            _mm512_shuffle_ps::<0b01_00_01_00>(a, b),
+            _mm512_shuffle_ps::<0b11_10_11_10>(a, b),
+        ),
+        _ => (
+            _mm512_shuffle_ps::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_ps::<0b11_01_11_01>(a, b),
+        ),
+    }
+}
+
+/// The last level's vector of [`tree16_level`] with lane `i` holding item `i`.
+///
+/// # Safety
+/// AVX-512 F present.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn tree16_in_order(v: __m512) -> __m512 {
+    let back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_permutexvar_ps(back, v)
+}
+
 /// The vector operations the kernels need; one implementation per
 /// instruction set. Every method is `unsafe` because it may only run on a
 /// CPU with that instruction set.

@@ -153,35 +153,17 @@ impl DecSimd for Avx512 {
         _mm512_castpd_ps(_mm512_insertf64x4::<1>(wide, _mm256_castps_pd(hi)))
     }
     const TREE: bool = true;
-    /// Halves, quarters, pairs, lanes (`int8_rows`' 16-vector tree with `+`).
+    /// [`crate::simd::tree16_level`] with `+`.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn fold<const L: u32>(a: __m512, b: __m512) -> __m512 {
-        let (x, y) = match L {
-            0 => (
-                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
-                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
-            ),
-            1 => (
-                _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
-                _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
-            ),
-            2 => (
-                _mm512_shuffle_ps::<0b01_00_01_00>(a, b),
-                _mm512_shuffle_ps::<0b11_10_11_10>(a, b),
-            ),
-            _ => (
-                _mm512_shuffle_ps::<0b10_00_10_00>(a, b),
-                _mm512_shuffle_ps::<0b11_01_11_01>(a, b),
-            ),
-        };
+        let (x, y) = crate::simd::tree16_level::<L>(a, b);
         _mm512_add_ps(x, y)
     }
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn in_key_order(v: __m512) -> __m512 {
-        let back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-        _mm512_permutexvar_ps(back, v)
+        crate::simd::tree16_in_order(v)
     }
 }
 
@@ -363,10 +345,26 @@ pub(super) unsafe fn qk_scores<S: DecSimd, T: KvElem>(
     macro_rules! rows {
         ($full:literal) => {
             match g {
-                1 => LaneTree::<S, T, 1, $full>::new(q, hdp, base, koff).store(s, stride),
-                2 => LaneTree::<S, T, 2, $full>::new(q, hdp, base, koff).store(s, stride),
-                3 => LaneTree::<S, T, 3, $full>::new(q, hdp, base, koff).store(s, stride),
-                _ => LaneTree::<S, T, 4, $full>::new(q, hdp, base, koff).store(s, stride),
+                1 => tree_scores(
+                    &LaneTree::<S, T, 1, $full>::new(q, hdp, base, koff),
+                    s,
+                    stride,
+                ),
+                2 => tree_scores(
+                    &LaneTree::<S, T, 2, $full>::new(q, hdp, base, koff),
+                    s,
+                    stride,
+                ),
+                3 => tree_scores(
+                    &LaneTree::<S, T, 3, $full>::new(q, hdp, base, koff),
+                    s,
+                    stride,
+                ),
+                _ => tree_scores(
+                    &LaneTree::<S, T, 4, $full>::new(q, hdp, base, koff),
+                    s,
+                    stride,
+                ),
             }
         };
     }
@@ -379,8 +377,7 @@ pub(super) unsafe fn qk_scores<S: DecSimd, T: KvElem>(
 }
 
 /// One [`qk_scores`] call: `GB` heads' query vectors (`FULL` a head) in
-/// registers and the block's keys. Methods, not closures, so that they take
-/// the caller's instruction set when inlined.
+/// registers and the block's keys, the leaves of [`tree_scores`].
 struct LaneTree<'a, S: DecSimd, T, const GB: usize, const FULL: usize> {
     qv: [[S::V; FULL]; GB],
     base: *const T,
@@ -398,8 +395,11 @@ impl<'a, S: DecSimd, T: KvElem, const GB: usize, const FULL: usize> LaneTree<'a,
         }
         LaneTree { qv, base, koff }
     }
+}
 
-    /// Key `kk`'s lanes of partial sums per head (zeros past the last key).
+impl<S: DecSimd, T: KvElem, const GB: usize, const FULL: usize> KeyLanes<S, GB>
+    for LaneTree<'_, S, T, GB, FULL>
+{
     #[inline(always)]
     unsafe fn key(&self, kk: usize) -> [S::V; GB] {
         let mut acc = [S::zero(); GB];
@@ -414,46 +414,70 @@ impl<'a, S: DecSimd, T: KvElem, const GB: usize, const FULL: usize> LaneTree<'a,
         }
         acc
     }
+}
 
-    #[inline(always)]
-    unsafe fn join<const L: u32>(a: [S::V; GB], b: [S::V; GB]) -> [S::V; GB] {
-        let mut out = a;
-        for r in 0..GB {
-            out[r] = S::fold::<L>(a[r], b[r]);
-        }
-        out
-    }
+/// A block's keys as the leaves of the in-register score tree
+/// ([`tree_scores`]).
+pub(super) trait KeyLanes<S: DecSimd, const GB: usize> {
+    /// Key `kk`'s lanes of partial sums for each of `GB` heads (zeros past
+    /// the block's last key).
+    ///
+    /// # Safety
+    /// The caller's contract on the block's rows.
+    unsafe fn key(&self, kk: usize) -> [S::V; GB];
+}
 
-    /// Keys `kk..kk + 2`, `..+ 4`, `..+ 8`, `..+ 16`.
-    #[inline(always)]
-    unsafe fn two(&self, kk: usize) -> [S::V; GB] {
-        Self::join::<0>(self.key(kk), self.key(kk + 1))
+/// Sums each of `keys`' `LANES` keys' lanes with the transpose tree of
+/// [`DecSimd::fold`], depth first (a key's lanes enter the tree as soon as
+/// they exist, so at most one vector a level waits per head), and stores
+/// the `GB` score vectors, lane `j` = key `j`, at `s + r·stride`. Free
+/// functions, not closures: `#[inline(always)]` code takes the caller's
+/// instruction set when inlined.
+///
+/// # Safety
+/// `S::TREE`; as [`KeyLanes::key`]; `s + r·stride` writable for `LANES`
+/// values per head.
+#[inline(always)]
+pub(super) unsafe fn tree_scores<S: DecSimd, K: KeyLanes<S, GB>, const GB: usize>(
+    keys: &K,
+    s: *mut f32,
+    stride: usize,
+) {
+    let v = if S::LANES == 16 {
+        join::<S, GB, 3>(eight::<S, K, GB>(keys, 0), eight::<S, K, GB>(keys, 8))
+    } else {
+        eight::<S, K, GB>(keys, 0)
+    };
+    for (r, &x) in v.iter().enumerate() {
+        S::store(s.add(r * stride), S::in_key_order(x));
     }
-    #[inline(always)]
-    unsafe fn four(&self, kk: usize) -> [S::V; GB] {
-        Self::join::<1>(self.two(kk), self.two(kk + 2))
-    }
-    #[inline(always)]
-    unsafe fn eight(&self, kk: usize) -> [S::V; GB] {
-        Self::join::<2>(self.four(kk), self.four(kk + 4))
-    }
-    #[inline(always)]
-    unsafe fn sixteen(&self) -> [S::V; GB] {
-        Self::join::<3>(self.eight(0), self.eight(8))
-    }
+}
 
-    /// Stores the `GB` score vectors at `s + r·stride`.
-    #[inline(always)]
-    unsafe fn store(&self, s: *mut f32, stride: usize) {
-        let v = if S::LANES == 16 {
-            self.sixteen()
-        } else {
-            self.eight(0)
-        };
-        for (r, &x) in v.iter().enumerate() {
-            S::store(s.add(r * stride), S::in_key_order(x));
-        }
+/// Level `L` of the tree for every head.
+#[inline(always)]
+unsafe fn join<S: DecSimd, const GB: usize, const L: u32>(
+    a: [S::V; GB],
+    b: [S::V; GB],
+) -> [S::V; GB] {
+    let mut out = a;
+    for r in 0..GB {
+        out[r] = S::fold::<L>(a[r], b[r]);
     }
+    out
+}
+
+/// Keys `kk..kk + 2`, `..+ 4`, `..+ 8` folded.
+#[inline(always)]
+unsafe fn two<S: DecSimd, K: KeyLanes<S, GB>, const GB: usize>(k: &K, kk: usize) -> [S::V; GB] {
+    join::<S, GB, 0>(k.key(kk), k.key(kk + 1))
+}
+#[inline(always)]
+unsafe fn four<S: DecSimd, K: KeyLanes<S, GB>, const GB: usize>(k: &K, kk: usize) -> [S::V; GB] {
+    join::<S, GB, 1>(two::<S, K, GB>(k, kk), two::<S, K, GB>(k, kk + 2))
+}
+#[inline(always)]
+unsafe fn eight<S: DecSimd, K: KeyLanes<S, GB>, const GB: usize>(k: &K, kk: usize) -> [S::V; GB] {
+    join::<S, GB, 2>(four::<S, K, GB>(k, kk), four::<S, K, GB>(k, kk + 4))
 }
 
 /// `O[r] = α[r]·O[r] + Σ_j P[r][j]·V[j]` over the `nk` keys of a tile, for

@@ -9,7 +9,8 @@
 //! `c` (dims `32c .. 32c + 32`, read as 16 dwords) lane `l` accumulates
 //! dims `2l` and `2l + 1` of each vector. For groups of up to
 //! [`SCORE_HEADS`] heads (SmolLM2's 3) [`qk_scores`] sums each key's lanes
-//! in registers as the keys arrive, one transpose tree per 16 keys, and
+//! in registers as the keys arrive, one transpose tree per 16 keys (the
+//! f32 products' [`tree_scores`]), and
 //! stores finished score vectors; larger groups store the lanes' partial
 //! sums in the f32 loop's `part` layout ([`super::lanes::qk_keys`]) for its
 //! transpose reduction. The online softmax and `PV` are the same either way.
@@ -22,7 +23,9 @@
 
 use std::arch::x86_64::*;
 
+use super::lanes::{tree_scores, KeyLanes};
 use super::SCORE_HEADS;
+use crate::simd::Avx512;
 
 /// Largest head dimension, in 32-value vectors, the unrolled loop takes.
 const MAX_VECTORS: usize = 4;
@@ -207,8 +210,8 @@ impl QkPass for Partials<'_> {
     }
 }
 
-/// [`qk_scores`]' pass: the levels of `int8_rows`' 16-vector transpose
-/// tree (with `+`), evaluated depth first so that few vectors wait.
+/// [`qk_scores`]' pass: each key's pair sums into the lanes' score tree
+/// ([`tree_scores`], AVX-512's levels).
 struct Scores<'a> {
     keys: Keys<'a>,
     s: *mut f32,
@@ -218,72 +221,24 @@ struct Scores<'a> {
 impl QkPass for Scores<'_> {
     #[inline(always)]
     unsafe fn run<const GB: usize, const V: usize>(&self, qv: &[[__m512i; V]; GB]) {
-        let (a, b) = (self.pairs(qv, 0), self.pairs(qv, 8));
-        let back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-        for r in 0..GB {
-            let v = _mm512_add_ps(
-                _mm512_shuffle_ps::<0b10_00_10_00>(a[r], b[r]),
-                _mm512_shuffle_ps::<0b11_01_11_01>(a[r], b[r]),
-            );
-            _mm512_storeu_ps(self.s.add(r * self.stride), _mm512_permutexvar_ps(back, v));
-        }
+        let leaves = PairKeys {
+            keys: self.keys,
+            qv,
+        };
+        tree_scores::<Avx512, _, GB>(&leaves, self.s, self.stride);
     }
 }
 
-impl Scores<'_> {
-    /// Keys `kk`, `kk + 1`: lanes 0–7 hold the first's half sums, 8–15 the second's.
-    #[inline(always)]
-    unsafe fn halves<const GB: usize, const V: usize>(
-        &self,
-        qv: &[[__m512i; V]; GB],
-        kk: usize,
-    ) -> [__m512; GB] {
-        let (a, b) = (self.keys.sums(qv, kk), self.keys.sums(qv, kk + 1));
-        let mut out = a;
-        for r in 0..GB {
-            out[r] = _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b01_00_01_00>(a[r], b[r]),
-                _mm512_shuffle_f32x4::<0b11_10_11_10>(a[r], b[r]),
-            );
-        }
-        out
-    }
+/// A block's keys with the queries' pairs: the leaves of [`Scores`]' tree.
+struct PairKeys<'a, const GB: usize, const V: usize> {
+    keys: Keys<'a>,
+    qv: &'a [[__m512i; V]; GB],
+}
 
-    /// Keys `kk..kk + 4`: 128-bit lane `j` holds key `kk + j`'s 4 partials.
+impl<const GB: usize, const V: usize> KeyLanes<Avx512, GB> for PairKeys<'_, GB, V> {
     #[inline(always)]
-    unsafe fn quarters<const GB: usize, const V: usize>(
-        &self,
-        qv: &[[__m512i; V]; GB],
-        kk: usize,
-    ) -> [__m512; GB] {
-        let (a, b) = (self.halves(qv, kk), self.halves(qv, kk + 2));
-        let mut out = a;
-        for r in 0..GB {
-            out[r] = _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b10_00_10_00>(a[r], b[r]),
-                _mm512_shuffle_f32x4::<0b11_01_11_01>(a[r], b[r]),
-            );
-        }
-        out
-    }
-
-    /// Keys `kk..kk + 8`: in 128-bit lane `j`, elements 0–1 hold key
-    /// `kk + j`'s pair, 2–3 key `kk + 4 + j`'s.
-    #[inline(always)]
-    unsafe fn pairs<const GB: usize, const V: usize>(
-        &self,
-        qv: &[[__m512i; V]; GB],
-        kk: usize,
-    ) -> [__m512; GB] {
-        let (a, b) = (self.quarters(qv, kk), self.quarters(qv, kk + 4));
-        let mut out = a;
-        for r in 0..GB {
-            out[r] = _mm512_add_ps(
-                _mm512_shuffle_ps::<0b01_00_01_00>(a[r], b[r]),
-                _mm512_shuffle_ps::<0b11_10_11_10>(a[r], b[r]),
-            );
-        }
-        out
+    unsafe fn key(&self, kk: usize) -> [__m512; GB] {
+        self.keys.sums(self.qv, kk)
     }
 }
 
