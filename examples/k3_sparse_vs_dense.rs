@@ -2,7 +2,7 @@
 //! models with the same active parameter count, to check that a sparse
 //! model's decode cost follows its active, not its total, parameters.
 //!
-//! Three random-weight checkpoints are written to a temporary folder and
+//! Four random-weight checkpoints are written to a temporary folder and
 //! loaded through the normal loader (`caracal::models::load`):
 //!
 //! 1. `k3-sparse`: `kimi_k3`, 4 layers (3 KDA + 1 MLA, AttnRes), layer 0
@@ -15,24 +15,34 @@
 //! 4. `k3-sparse-pinned`: (1) with a router correction bias that makes every
 //!    token pick experts 0–15. It runs all of (1)'s code (the 896-row
 //!    router, top-16 of 896, dispatch and combine) but touches only 16
-//!    experts' weights, which then stay in cache as (2)'s do: pinned /
-//!    all-active is the cost of routing over 896 experts, sparse / pinned
-//!    the cost of fetching 16 different experts a layer for every token.
+//!    experts' weights, which then stay in cache as (2)'s do where they
+//!    fit: pinned / all-active is the cost of routing over 896 experts,
+//!    sparse / pinned the cost of fetching 16 different experts a layer for
+//!    every token.
 //!
 //! Each model greedily decodes 64 tokens after an 8-token prompt
-//! (`caracal::generate::generate`). The three models are loaded together and
+//! (`caracal::generate::generate`). The four models are loaded together and
 //! timed in interleaved rounds (so that load from other processes hits all
 //! of them alike); the best of [`RUNS`] rounds is reported, as tokens/s and
 //! as ratios. Active parameters exclude the embedding table (a row lookup).
 //!
 //! Weight bytes read per token are printed too: the sparse model's router
-//! has 896 rows against the all-active model's 16 (2.7 MB more bf16 a
-//! token at this shape), so where cost follows bytes the sparse model's
-//! speed is bounded at `all-active bytes / sparse bytes` of the other's.
+//! has 896 rows against the all-active model's 16, so where cost follows
+//! bytes the sparse model's speed is bounded at `all-active bytes / sparse
+//! bytes` of the other's.
+//!
+//! The widths follow `--hidden` ([`Shape::at`]). At the default 512 the
+//! all-active model (25 MB a token) fits in a 32 MiB L3 and the router is a
+//! tenth of the sparse model's bytes (bound 0.90), so sparse / all-active
+//! there compares DRAM with cache more than active parameters. At
+//! `--hidden 2048` (382 MB a token, 8.6 GB of experts, ~11 GB resident,
+//! two minutes) every model streams from DRAM, as K3's 104B active
+//! parameters do, and the router is 2.8% of the bytes (at K3's own widths,
+//! 896 × 7,168 against ~1 GB a layer, about 1%).
 //! Run:
 //!
 //! ```text
-//! cargo run --release --example k3_sparse_vs_dense [-- f32]
+//! cargo run --release --example k3_sparse_vs_dense [-- [f32] [--hidden N]]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -45,24 +55,53 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use serde_json::{json, Value};
 
-const HIDDEN: usize = 512;
-const VOCAB: usize = 1024;
 const LAYERS: usize = 4;
-const KDA_HEADS: usize = 4;
-const KDA_DIM: usize = 128;
-const MLA_HEADS: usize = 4;
-const Q_LORA: usize = 128;
-const KV_LORA: usize = 128;
-const NOPE: usize = 64;
-const ROPE: usize = 32;
-const V_DIM: usize = 64;
-const DENSE_INTER: usize = 1024;
-const LATENT: usize = 256;
-const MOE_INTER: usize = 256;
 const SHARED: usize = 2;
 const TOP_K: usize = 16;
 const DECODE_TOKENS: usize = 64;
 const RUNS: usize = 10;
+
+/// Widths of the four models, all following the hidden size as K3's do
+/// (latent and expert width half of it, as K3's 3,584 and 3,072 against
+/// 7,168 roughly are).
+struct Shape {
+    hidden: usize,
+    vocab: usize,
+    kda_heads: usize,
+    kda_dim: usize,
+    mla_heads: usize,
+    q_lora: usize,
+    kv_lora: usize,
+    nope: usize,
+    rope: usize,
+    v_dim: usize,
+    dense_inter: usize,
+    latent: usize,
+    moe_inter: usize,
+}
+
+impl Shape {
+    /// The shape at hidden size `hidden` (a multiple of 128): 128-wide KDA
+    /// and MLA heads, `hidden / 128` of each, low ranks a quarter of it, a
+    /// latent MoE of half-width experts, layer 0's dense MLP twice as wide.
+    fn at(hidden: usize) -> Shape {
+        Shape {
+            hidden,
+            vocab: 1024,
+            kda_heads: hidden / 128,
+            kda_dim: 128,
+            mla_heads: hidden / 128,
+            q_lora: hidden / 4,
+            kv_lora: hidden / 4,
+            nope: 64,
+            rope: 32,
+            v_dim: 64,
+            dense_inter: 2 * hidden,
+            latent: hidden / 2,
+            moe_inter: hidden / 2,
+        }
+    }
+}
 
 /// How a tensor is stored.
 #[derive(Clone, Copy, PartialEq)]
@@ -98,21 +137,21 @@ const PIN_BIAS: f32 = 10.0;
 /// Tensor list of a model: `experts = Some(E)` for K3, `None` with
 /// `dense_inter` for the dense kimi_linear; `pinned` biases the K3 router
 /// towards experts `0..TOP_K`.
-fn specs(experts: Option<usize>, dense_inter: usize, pinned: bool) -> Vec<Spec> {
+fn specs(sh: &Shape, experts: Option<usize>, dense_inter: usize, pinned: bool) -> Vec<Spec> {
     let k3 = experts.is_some();
     let root = if k3 { "language_model." } else { "" };
     let mut v = Vec::new();
-    let d = HIDDEN;
-    let p = KDA_HEADS * KDA_DIM;
+    let d = sh.hidden;
+    let p = sh.kda_heads * sh.kda_dim;
     let norm = Kind::F32(1.0);
     let w = Kind::Bf16(0.04);
     spec(
         &mut v,
         format!("{root}model.embed_tokens.weight"),
-        &[VOCAB, d],
+        &[sh.vocab, d],
         Kind::Bf16(1.0),
     );
-    spec(&mut v, format!("{root}lm_head.weight"), &[VOCAB, d], w);
+    spec(&mut v, format!("{root}lm_head.weight"), &[sh.vocab, d], w);
     spec(&mut v, format!("{root}model.norm.weight"), &[d], norm);
     if k3 {
         spec(
@@ -157,65 +196,75 @@ fn specs(experts: Option<usize>, dense_inter: usize, pinned: bool) -> Vec<Spec> 
                     Kind::Bf16(0.3),
                 );
             }
-            spec(&mut v, format!("{a}.f_a_proj.weight"), &[KDA_DIM, d], w);
-            spec(&mut v, format!("{a}.f_b_proj.weight"), &[p, KDA_DIM], w);
+            spec(&mut v, format!("{a}.f_a_proj.weight"), &[sh.kda_dim, d], w);
+            spec(&mut v, format!("{a}.f_b_proj.weight"), &[p, sh.kda_dim], w);
             spec(&mut v, format!("{a}.dt_bias"), &[p], Kind::F32(-3.0));
-            spec(&mut v, format!("{a}.A_log"), &[KDA_HEADS], Kind::F32(0.0));
-            spec(&mut v, format!("{a}.b_proj.weight"), &[KDA_HEADS, d], w);
+            spec(
+                &mut v,
+                format!("{a}.A_log"),
+                &[sh.kda_heads],
+                Kind::F32(0.0),
+            );
+            spec(&mut v, format!("{a}.b_proj.weight"), &[sh.kda_heads, d], w);
             if k3 {
                 spec(&mut v, format!("{a}.g_proj.weight"), &[p, d], w);
             } else {
-                spec(&mut v, format!("{a}.g_a_proj.weight"), &[KDA_DIM, d], w);
-                spec(&mut v, format!("{a}.g_b_proj.weight"), &[p, KDA_DIM], w);
+                spec(&mut v, format!("{a}.g_a_proj.weight"), &[sh.kda_dim, d], w);
+                spec(&mut v, format!("{a}.g_b_proj.weight"), &[p, sh.kda_dim], w);
             }
-            spec(&mut v, format!("{a}.o_norm.weight"), &[KDA_DIM], norm);
+            spec(&mut v, format!("{a}.o_norm.weight"), &[sh.kda_dim], norm);
             spec(&mut v, format!("{a}.o_proj.weight"), &[d, p], w);
         } else {
             if k3 {
-                spec(&mut v, format!("{a}.q_a_proj.weight"), &[Q_LORA, d], w);
-                spec(&mut v, format!("{a}.q_a_layernorm.weight"), &[Q_LORA], norm);
+                spec(&mut v, format!("{a}.q_a_proj.weight"), &[sh.q_lora, d], w);
+                spec(
+                    &mut v,
+                    format!("{a}.q_a_layernorm.weight"),
+                    &[sh.q_lora],
+                    norm,
+                );
                 spec(
                     &mut v,
                     format!("{a}.q_b_proj.weight"),
-                    &[MLA_HEADS * (NOPE + ROPE), Q_LORA],
+                    &[sh.mla_heads * (sh.nope + sh.rope), sh.q_lora],
                     w,
                 );
                 spec(
                     &mut v,
                     format!("{a}.g_proj.weight"),
-                    &[MLA_HEADS * V_DIM, d],
+                    &[sh.mla_heads * sh.v_dim, d],
                     w,
                 );
             } else {
                 spec(
                     &mut v,
                     format!("{a}.q_proj.weight"),
-                    &[MLA_HEADS * (NOPE + ROPE), d],
+                    &[sh.mla_heads * (sh.nope + sh.rope), d],
                     w,
                 );
             }
             spec(
                 &mut v,
                 format!("{a}.kv_a_proj_with_mqa.weight"),
-                &[KV_LORA + ROPE, d],
+                &[sh.kv_lora + sh.rope, d],
                 w,
             );
             spec(
                 &mut v,
                 format!("{a}.kv_a_layernorm.weight"),
-                &[KV_LORA],
+                &[sh.kv_lora],
                 norm,
             );
             spec(
                 &mut v,
                 format!("{a}.kv_b_proj.weight"),
-                &[MLA_HEADS * (NOPE + V_DIM), KV_LORA],
+                &[sh.mla_heads * (sh.nope + sh.v_dim), sh.kv_lora],
                 w,
             );
             spec(
                 &mut v,
                 format!("{a}.o_proj.weight"),
-                &[d, MLA_HEADS * V_DIM],
+                &[d, sh.mla_heads * sh.v_dim],
                 w,
             );
         }
@@ -237,38 +286,38 @@ fn specs(experts: Option<usize>, dense_inter: usize, pinned: bool) -> Vec<Spec> 
                 spec(
                     &mut v,
                     format!("{m}.routed_expert_down_proj.weight"),
-                    &[LATENT, d],
+                    &[sh.latent, d],
                     w,
                 );
                 spec(
                     &mut v,
                     format!("{m}.routed_expert_up_proj.weight"),
-                    &[d, LATENT],
+                    &[d, sh.latent],
                     w,
                 );
                 spec(
                     &mut v,
                     format!("{m}.routed_expert_norm.weight"),
-                    &[LATENT],
+                    &[sh.latent],
                     norm,
                 );
                 for j in 0..e {
                     spec(
                         &mut v,
                         format!("{m}.experts.{j}.w1.weight"),
-                        &[MOE_INTER, LATENT],
+                        &[sh.moe_inter, sh.latent],
                         Kind::Mxfp4,
                     );
                     spec(
                         &mut v,
                         format!("{m}.experts.{j}.w3.weight"),
-                        &[MOE_INTER, LATENT],
+                        &[sh.moe_inter, sh.latent],
                         Kind::Mxfp4,
                     );
                     spec(
                         &mut v,
                         format!("{m}.experts.{j}.w2.weight"),
-                        &[LATENT, MOE_INTER],
+                        &[sh.latent, sh.moe_inter],
                         Kind::Mxfp4,
                     );
                 }
@@ -276,24 +325,24 @@ fn specs(experts: Option<usize>, dense_inter: usize, pinned: bool) -> Vec<Spec> 
                 spec(
                     &mut v,
                     format!("{s}.gate_proj.weight"),
-                    &[MOE_INTER * SHARED, d],
+                    &[sh.moe_inter * SHARED, d],
                     w,
                 );
                 spec(
                     &mut v,
                     format!("{s}.up_proj.weight"),
-                    &[MOE_INTER * SHARED, d],
+                    &[sh.moe_inter * SHARED, d],
                     w,
                 );
                 spec(
                     &mut v,
                     format!("{s}.down_proj.weight"),
-                    &[d, MOE_INTER * SHARED],
+                    &[d, sh.moe_inter * SHARED],
                     w,
                 );
             }
             _ => {
-                let inter = if k3 { DENSE_INTER } else { dense_inter };
+                let inter = if k3 { sh.dense_inter } else { dense_inter };
                 spec(&mut v, format!("{l}.mlp.gate_proj.weight"), &[inter, d], w);
                 spec(&mut v, format!("{l}.mlp.up_proj.weight"), &[inter, d], w);
                 spec(&mut v, format!("{l}.mlp.down_proj.weight"), &[d, inter], w);
@@ -305,7 +354,7 @@ fn specs(experts: Option<usize>, dense_inter: usize, pinned: bool) -> Vec<Spec> 
 
 /// Parameters used per decoded token: everything but the embedding table
 /// and the experts a token does not visit.
-fn active_params(specs: &[Spec], experts: Option<usize>) -> (usize, usize) {
+fn active_params(sh: &Shape, specs: &[Spec], experts: Option<usize>) -> (usize, usize) {
     let numel = |s: &Spec| s.shape.iter().product::<usize>();
     let total: usize = specs.iter().map(numel).sum();
     let embed: usize = specs
@@ -314,7 +363,7 @@ fn active_params(specs: &[Spec], experts: Option<usize>) -> (usize, usize) {
         .map(numel)
         .sum();
     let idle = match experts {
-        Some(e) => (LAYERS - 1) * e.saturating_sub(TOP_K) * 3 * LATENT * MOE_INTER,
+        Some(e) => (LAYERS - 1) * e.saturating_sub(TOP_K) * 3 * sh.latent * sh.moe_inter,
         None => 0,
     };
     (total, total - embed - idle)
@@ -348,24 +397,24 @@ fn active_bytes(specs: &[Spec]) -> usize {
         .sum()
 }
 
-fn text_config(experts: Option<usize>, dense_inter: usize) -> Value {
+fn text_config(sh: &Shape, experts: Option<usize>, dense_inter: usize) -> Value {
     let mut c = json!({
-        "vocab_size": VOCAB, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
-        "num_attention_heads": MLA_HEADS, "num_key_value_heads": MLA_HEADS, "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 4096, "tie_word_embeddings": false, "kv_lora_rank": KV_LORA,
-        "qk_nope_head_dim": NOPE, "qk_rope_head_dim": ROPE, "v_head_dim": V_DIM, "mla_use_nope": true,
-        "linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4], "num_heads": KDA_HEADS,
-            "head_dim": KDA_DIM, "short_conv_kernel_size": 4},
+        "vocab_size": sh.vocab, "hidden_size": sh.hidden, "num_hidden_layers": LAYERS,
+        "num_attention_heads": sh.mla_heads, "num_key_value_heads": sh.mla_heads, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 4096, "tie_word_embeddings": false, "kv_lora_rank": sh.kv_lora,
+        "qk_nope_head_dim": sh.nope, "qk_rope_head_dim": sh.rope, "v_head_dim": sh.v_dim, "mla_use_nope": true,
+        "linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4], "num_heads": sh.kda_heads,
+            "head_dim": sh.kda_dim, "short_conv_kernel_size": 4},
         "bos_token_id": 1, "eos_token_id": 2,
     });
     match experts {
         Some(e) => {
             let extra = json!({
                 "model_type": "kimi_linear", "hidden_act": "situ", "activation_situ_beta": 4.0,
-                "activation_situ_linear_beta": 25.0, "intermediate_size": DENSE_INTER, "q_lora_rank": Q_LORA,
+                "activation_situ_linear_beta": 25.0, "intermediate_size": sh.dense_inter, "q_lora_rank": sh.q_lora,
                 "mla_use_output_gate": true, "num_experts": e, "num_experts_per_token": TOP_K,
-                "num_shared_experts": SHARED, "moe_intermediate_size": MOE_INTER,
-                "routed_expert_hidden_size": LATENT, "latent_moe_use_norm": true,
+                "num_shared_experts": SHARED, "moe_intermediate_size": sh.moe_inter,
+                "routed_expert_hidden_size": sh.latent, "latent_moe_use_norm": true,
                 "moe_router_activation_func": "sigmoid", "moe_renormalize": true, "routed_scaling_factor": 1.0,
                 "num_expert_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "attn_res_block_size": 2,
             });
@@ -435,7 +484,10 @@ fn write_checkpoint(dir: &Path, config: &Value, specs: &[Spec]) -> Result<()> {
                     .strip_suffix(".weight")
                     .expect("MXFP4 specs name a .weight");
                 let (rows, cols) = (s.shape[0], s.shape[1]);
-                let packed = (0..rows * cols / 2).map(|_| rng.next_u64() as u8).collect();
+                // Eight random codes' bytes a draw: the 896-expert files run to GBs.
+                let packed: Vec<u8> = (0..rows * cols / 16)
+                    .flat_map(|_| rng.next_u64().to_le_bytes())
+                    .collect();
                 // E8M0 2^-6: elements of magnitude ≤ 6/64, like a trained layer's.
                 let scales = vec![121u8; rows * cols / 32];
                 blobs.push((
@@ -477,28 +529,61 @@ fn decode_speed(model: &dyn caracal::models::CausalLm) -> Result<f64> {
     Ok(generate(model, &req, |_| {})?.decode_tokens_per_s)
 }
 
+/// Command line: `[f32] [--hidden N]`.
+struct Args {
+    activations: caracal_kernels::Activations,
+    hidden: usize,
+}
+
+fn args() -> Result<Args> {
+    let mut out = Args {
+        activations: caracal_kernels::Activations::Int8,
+        hidden: 512,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "f32" => out.activations = caracal_kernels::Activations::F32,
+            "--hidden" => {
+                let v = it.next().unwrap_or_default();
+                out.hidden = v
+                    .parse()
+                    .ok()
+                    .filter(|h| h % 128 == 0 && *h >= 256)
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("--hidden takes a multiple of 128 from 256 up, got {v:?}")
+                    })?;
+            }
+            other => anyhow::bail!("unknown argument {other:?} (usage: [f32] [--hidden N])"),
+        }
+    }
+    Ok(out)
+}
+
 fn main() -> Result<()> {
+    let args = args()?;
+    let sh = &Shape::at(args.hidden);
     let root: PathBuf =
         std::env::temp_dir().join(format!("caracal-k3-bench-{}", std::process::id()));
-    let sparse = specs(Some(896), 0, false);
-    let pinned = specs(Some(896), 0, true);
-    let all_active = specs(Some(TOP_K), 0, false);
-    let (sparse_total, target) = active_params(&sparse, Some(896));
-    let (aa_total, aa_active) = active_params(&all_active, Some(TOP_K));
+    let sparse = specs(sh, Some(896), 0, false);
+    let pinned = specs(sh, Some(896), 0, true);
+    let all_active = specs(sh, Some(TOP_K), 0, false);
+    let (sparse_total, target) = active_params(sh, &sparse, Some(896));
+    let (aa_total, aa_active) = active_params(sh, &all_active, Some(TOP_K));
     // The dense model's parameters are linear in its MLP width: solve for it.
-    let (_, a32) = active_params(&specs(None, 32, false), None);
-    let (_, a64) = active_params(&specs(None, 64, false), None);
+    let (_, a32) = active_params(sh, &specs(sh, None, 32, false), None);
+    let (_, a64) = active_params(sh, &specs(sh, None, 64, false), None);
     let per32 = a64 - a32;
     let inter =
         ((32.0 + (target as f64 - a32 as f64) / per32 as f64 * 32.0) / 32.0).round() as usize * 32;
-    let dense = specs(None, inter, false);
-    let (dense_total, dense_active) = active_params(&dense, None);
+    let dense = specs(sh, None, inter, false);
+    let (dense_total, dense_active) = active_params(sh, &dense, None);
 
     let rows = [
         (
             "k3-sparse (896 experts, top-16)",
             "sparse",
-            text_config(Some(896), 0),
+            text_config(sh, Some(896), 0),
             &sparse,
             sparse_total,
             target,
@@ -506,7 +591,7 @@ fn main() -> Result<()> {
         (
             "k3-all-active (16 experts, top-16)",
             "all-active",
-            text_config(Some(TOP_K), 0),
+            text_config(sh, Some(TOP_K), 0),
             &all_active,
             aa_total,
             aa_active,
@@ -514,7 +599,7 @@ fn main() -> Result<()> {
         (
             "kimi-linear-dense (bf16 MLP)",
             "dense",
-            text_config(None, inter),
+            text_config(sh, None, inter),
             &dense,
             dense_total,
             dense_active,
@@ -522,21 +607,18 @@ fn main() -> Result<()> {
         (
             "k3-sparse-pinned (896, routed to 0-15)",
             "pinned",
-            text_config(Some(896), 0),
+            text_config(sh, Some(896), 0),
             &pinned,
             sparse_total,
             target,
         ),
     ];
     let threads = rayon::current_num_threads();
-    println!("K3 sparse vs dense decode: hidden {HIDDEN}, {LAYERS} layers (3 KDA + 1 MLA), latent {LATENT}, expert inter {MOE_INTER}, MXFP4 experts, dense MLP width {inter}; {threads} threads, greedy {DECODE_TOKENS} tokens after an 8-token prompt, best of {RUNS}");
+    println!("K3 sparse vs dense decode: hidden {}, {LAYERS} layers (3 KDA + 1 MLA), latent {}, expert inter {}, MXFP4 experts, dense MLP width {inter}; {threads} threads, greedy {DECODE_TOKENS} tokens after an 8-token prompt, best of {RUNS}", sh.hidden, sh.latent, sh.moe_inter);
     // MXFP4 experts meet int8 activations, as under `caracal serve` and `caracal
     // generate` (their `--quantized-activations` default); `f32` as the first
     // argument measures the exact-product path instead.
-    let activations = match std::env::args().nth(1).as_deref() {
-        Some("f32") => caracal_kernels::Activations::F32,
-        _ => caracal_kernels::Activations::Int8,
-    };
+    let activations = args.activations;
     let opts = caracal::checkpoint::LoadOptions { activations };
     println!("quantized activations: {activations:?}");
     let mut models = Vec::new();
@@ -575,7 +657,7 @@ fn main() -> Result<()> {
     );
     // What the 896-expert model adds to a token: routing (pinned vs
     // all-active) and fetching distinct experts (sparse vs pinned).
-    let routed_bytes = (LAYERS - 1) * TOP_K * 3 * mxfp4_bytes(MOE_INTER, LATENT);
+    let routed_bytes = (LAYERS - 1) * TOP_K * 3 * mxfp4_bytes(sh.moe_inter, sh.latent);
     // Cost per token that follows bytes read: the 896-row router reads more
     // than the 16-row one, so at equal bytes/s the sparse model reaches
     // this fraction of the all-active model's speed, and no more.
@@ -589,13 +671,19 @@ fn main() -> Result<()> {
         100.0 * speeds[0] / speeds[1] * sparse_bytes as f64 / aa_bytes as f64,
     );
     let fetch_s = 1.0 / speeds[0] - 1.0 / speeds[3];
+    // Where the pinned experts do not stay in cache either (a large
+    // `--hidden`), fetching them costs nothing measurable: no rate to print.
+    let rate = if fetch_s > 0.0 {
+        format!(", {:.1} GB/s", routed_bytes as f64 / fetch_s / 1e9)
+    } else {
+        String::new()
+    };
     println!(
-        "ratio pinned/all-active speed {:.3} (routing over 896 experts); sparse/pinned speed {:.3} (distinct experts: {:.2} MB of MXFP4 weights a token, {:+.1} µs a token, {:.1} GB/s)",
+        "ratio pinned/all-active speed {:.3} (routing over 896 experts); sparse/pinned speed {:.3} (distinct experts: {:.2} MB of MXFP4 weights a token, {:+.1} µs a token{rate})",
         speeds[3] / speeds[1],
         speeds[0] / speeds[3],
         routed_bytes as f64 / 1e6,
         fetch_s * 1e6,
-        routed_bytes as f64 / fetch_s.max(1e-12) / 1e9,
     );
     let _ = std::fs::remove_dir_all(&root);
     Ok(())
