@@ -373,7 +373,7 @@ pub(crate) mod x86 {
                 }
                 *m = abs;
             }
-            let amax = reduce16(amax, |a, b| _mm512_max_ps(a, b));
+            let amax = reduce16::<false>(amax);
             let dd = _mm512_div_ps(amax, _mm512_set1_ps(127.0));
             let pos = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(amax, zero);
             let inv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(127.0), amax);
@@ -381,38 +381,59 @@ pub(crate) mod x86 {
             _mm512_storeu_ps(d, _mm512_mask_mov_ps(dm, bad, _mm512_set1_ps(f32::NAN)));
             let mut invs = [0.0f32; 16];
             _mm512_storeu_ps(invs.as_mut_ptr(), inv);
-            let sums: [__m512i; 16] = std::array::from_fn(|b| {
-                round_block(x.add(b * BLOCK), _mm512_set1_ps(invs[b]), q.add(b * BLOCK))
-            });
-            let sums = reduce16(sums.map(|v| _mm512_castsi512_ps(v)), |a, b| {
-                _mm512_castsi512_ps(_mm512_add_epi32(
-                    _mm512_castps_si512(a),
-                    _mm512_castps_si512(b),
-                ))
-            });
+            // Loops, not `from_fn` / `map` closures: those were left as
+            // calls (they do not inherit this function's target features),
+            // a third of the rounding's time in a decode step's profile.
+            let mut sums = [zero; 16];
+            for (b, sum) in sums.iter_mut().enumerate() {
+                *sum = _mm512_castsi512_ps(round_block(
+                    x.add(b * BLOCK),
+                    _mm512_set1_ps(invs[b]),
+                    q.add(b * BLOCK),
+                ));
+            }
+            let sums = reduce16::<true>(sums);
             let c_v =
                 _mm512_mullo_epi32(_mm512_castps_si512(sums), _mm512_set1_epi32(-scheme.offset));
             _mm512_storeu_si512(c.cast(), c_v);
         }
     }
 
-    /// Lane `b` of the result is `op` folded over the 16 lanes of `v[b]`:
+    /// Lane `b` of the result is the 16 lanes of `v[b]` folded by max
+    /// (`ADD = false`) or by int32 addition of their bits (`ADD = true`):
     /// sixteen horizontal reductions as one transpose tree
-    /// ([`crate::simd::tree16_level`]: 15 `op`s and 30 shuffles), then one
-    /// permute back to block order. `op` must be associative and commutative
-    /// on the values it meets (max, integer add).
+    /// ([`crate::simd::tree16_level`]: 15 folds and 30 shuffles), then one
+    /// permute back to block order. Both folds are associative and
+    /// commutative on the values they meet.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn reduce16(v: [__m512; 16], op: impl Fn(__m512, __m512) -> __m512) -> __m512 {
+    unsafe fn reduce16<const ADD: bool>(v: [__m512; 16]) -> __m512 {
         use crate::simd::{tree16_in_order, tree16_level};
-        let fold = |(x, y): (__m512, __m512)| op(x, y);
-        let w: [__m512; 8] =
-            std::array::from_fn(|i| fold(tree16_level::<0>(v[2 * i], v[2 * i + 1])));
-        let x: [__m512; 4] =
-            std::array::from_fn(|i| fold(tree16_level::<1>(w[2 * i], w[2 * i + 1])));
-        let y: [__m512; 2] =
-            std::array::from_fn(|i| fold(tree16_level::<2>(x[2 * i], x[2 * i + 1])));
-        tree16_in_order(fold(tree16_level::<3>(y[0], y[1])))
+        let mut w = [_mm512_setzero_ps(); 8];
+        for (i, o) in w.iter_mut().enumerate() {
+            *o = fold::<ADD>(tree16_level::<0>(v[2 * i], v[2 * i + 1]));
+        }
+        let mut x = [_mm512_setzero_ps(); 4];
+        for (i, o) in x.iter_mut().enumerate() {
+            *o = fold::<ADD>(tree16_level::<1>(w[2 * i], w[2 * i + 1]));
+        }
+        let y0 = fold::<ADD>(tree16_level::<2>(x[0], x[1]));
+        let y1 = fold::<ADD>(tree16_level::<2>(x[2], x[3]));
+        tree16_in_order(fold::<ADD>(tree16_level::<3>(y0, y1)))
+    }
+
+    /// One fold of [`reduce16`]: lane-wise max, or int32 sum of the bits.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn fold<const ADD: bool>((a, b): (__m512, __m512)) -> __m512 {
+        if ADD {
+            _mm512_castsi512_ps(_mm512_add_epi32(
+                _mm512_castps_si512(a),
+                _mm512_castps_si512(b),
+            ))
+        } else {
+            _mm512_max_ps(a, b)
+        }
     }
 }
 
