@@ -23,7 +23,8 @@
 //! Each model greedily decodes 64 tokens after an 8-token prompt
 //! (`caracal::generate::generate`). The four models are loaded together and
 //! timed in interleaved rounds (so that load from other processes hits all
-//! of them alike); the best of [`RUNS`] rounds is reported, as tokens/s and
+//! of them alike); the best of `--runs` rounds (default [`RUNS`]) is
+//! reported, as tokens/s and
 //! as ratios. Active parameters exclude the embedding table (a row lookup).
 //!
 //! Weight bytes read per token are printed too: the sparse model's router
@@ -42,7 +43,7 @@
 //! Run:
 //!
 //! ```text
-//! cargo run --release --example k3_sparse_vs_dense [-- [f32] [--hidden N]]
+//! cargo run --release --example k3_sparse_vs_dense [-- [f32] [--hidden N] [--runs N]]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -59,6 +60,7 @@ const LAYERS: usize = 4;
 const SHARED: usize = 2;
 const TOP_K: usize = 16;
 const DECODE_TOKENS: usize = 64;
+/// Interleaved rounds by default (`--runs`).
 const RUNS: usize = 10;
 
 /// Widths of the four models, all following the hidden size as K3's do
@@ -529,16 +531,18 @@ fn decode_speed(model: &dyn caracal::models::CausalLm) -> Result<f64> {
     Ok(generate(model, &req, |_| {})?.decode_tokens_per_s)
 }
 
-/// Command line: `[f32] [--hidden N]`.
+/// Command line: `[f32] [--hidden N] [--runs N]`.
 struct Args {
     activations: caracal_kernels::Activations,
     hidden: usize,
+    runs: usize,
 }
 
 fn args() -> Result<Args> {
     let mut out = Args {
         activations: caracal_kernels::Activations::Int8,
         hidden: 512,
+        runs: RUNS,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -554,7 +558,16 @@ fn args() -> Result<Args> {
                         anyhow::anyhow!("--hidden takes a multiple of 128 from 256 up, got {v:?}")
                     })?;
             }
-            other => anyhow::bail!("unknown argument {other:?} (usage: [f32] [--hidden N])"),
+            "--runs" => {
+                let v = it.next().unwrap_or_default();
+                out.runs =
+                    v.parse().ok().filter(|r| *r > 0).ok_or_else(|| {
+                        anyhow::anyhow!("--runs takes a positive count, got {v:?}")
+                    })?;
+            }
+            other => {
+                anyhow::bail!("unknown argument {other:?} (usage: [f32] [--hidden N] [--runs N])")
+            }
         }
     }
     Ok(out)
@@ -614,7 +627,7 @@ fn main() -> Result<()> {
         ),
     ];
     let threads = rayon::current_num_threads();
-    println!("K3 sparse vs dense decode: hidden {}, {LAYERS} layers (3 KDA + 1 MLA), latent {}, expert inter {}, MXFP4 experts, dense MLP width {inter}; {threads} threads, greedy {DECODE_TOKENS} tokens after an 8-token prompt, best of {RUNS}", sh.hidden, sh.latent, sh.moe_inter);
+    println!("K3 sparse vs dense decode: hidden {}, {LAYERS} layers (3 KDA + 1 MLA), latent {}, expert inter {}, MXFP4 experts, dense MLP width {inter}; {threads} threads, greedy {DECODE_TOKENS} tokens after an 8-token prompt, best of {}", sh.hidden, sh.latent, sh.moe_inter, args.runs);
     // MXFP4 experts meet int8 activations, as under `caracal serve` and `caracal
     // generate` (their `--quantized-activations` default); `f32` as the first
     // argument measures the exact-product path instead.
@@ -635,7 +648,7 @@ fn main() -> Result<()> {
         huge.collapsed >> 20
     );
     let mut speeds = vec![0.0f64; rows.len()];
-    for _ in 0..RUNS {
+    for _ in 0..args.runs {
         for (s, m) in speeds.iter_mut().zip(&models) {
             *s = s.max(decode_speed(m.as_ref())?);
         }
