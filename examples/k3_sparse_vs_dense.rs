@@ -24,8 +24,7 @@
 //! (`caracal::generate::generate`). The four models are loaded together and
 //! timed in interleaved rounds (so that load from other processes hits all
 //! of them alike); the best of `--runs` rounds (default [`RUNS`]) is
-//! reported, as tokens/s and
-//! as ratios. Active parameters exclude the embedding table (a row lookup).
+//! reported, as tokens/s and as ratios. Active parameters exclude the embedding table (a row lookup).
 //!
 //! Weight bytes read per token are printed too: the sparse model's router
 //! has 896 rows against the all-active model's 16, so where cost follows
@@ -56,27 +55,27 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use serde_json::{json, Value};
 
+const VOCAB: usize = 1024;
 const LAYERS: usize = 4;
+const KDA_DIM: usize = 128;
+const NOPE: usize = 64;
+const ROPE: usize = 32;
+const V_DIM: usize = 64;
 const SHARED: usize = 2;
 const TOP_K: usize = 16;
 const DECODE_TOKENS: usize = 64;
 /// Interleaved rounds by default (`--runs`).
 const RUNS: usize = 10;
 
-/// Widths of the four models, all following the hidden size as K3's do
+/// The widths of the four models that follow the hidden size, as K3's do
 /// (latent and expert width half of it, as K3's 3,584 and 3,072 against
-/// 7,168 roughly are).
+/// 7,168 roughly are); head dims and the vocabulary stay fixed.
 struct Shape {
     hidden: usize,
-    vocab: usize,
     kda_heads: usize,
-    kda_dim: usize,
     mla_heads: usize,
     q_lora: usize,
     kv_lora: usize,
-    nope: usize,
-    rope: usize,
-    v_dim: usize,
     dense_inter: usize,
     latent: usize,
     moe_inter: usize,
@@ -89,15 +88,10 @@ impl Shape {
     fn at(hidden: usize) -> Shape {
         Shape {
             hidden,
-            vocab: 1024,
             kda_heads: hidden / 128,
-            kda_dim: 128,
             mla_heads: hidden / 128,
             q_lora: hidden / 4,
             kv_lora: hidden / 4,
-            nope: 64,
-            rope: 32,
-            v_dim: 64,
             dense_inter: 2 * hidden,
             latent: hidden / 2,
             moe_inter: hidden / 2,
@@ -144,16 +138,16 @@ fn specs(sh: &Shape, experts: Option<usize>, dense_inter: usize, pinned: bool) -
     let root = if k3 { "language_model." } else { "" };
     let mut v = Vec::new();
     let d = sh.hidden;
-    let p = sh.kda_heads * sh.kda_dim;
+    let p = sh.kda_heads * KDA_DIM;
     let norm = Kind::F32(1.0);
     let w = Kind::Bf16(0.04);
     spec(
         &mut v,
         format!("{root}model.embed_tokens.weight"),
-        &[sh.vocab, d],
+        &[VOCAB, d],
         Kind::Bf16(1.0),
     );
-    spec(&mut v, format!("{root}lm_head.weight"), &[sh.vocab, d], w);
+    spec(&mut v, format!("{root}lm_head.weight"), &[VOCAB, d], w);
     spec(&mut v, format!("{root}model.norm.weight"), &[d], norm);
     if k3 {
         spec(
@@ -198,8 +192,8 @@ fn specs(sh: &Shape, experts: Option<usize>, dense_inter: usize, pinned: bool) -
                     Kind::Bf16(0.3),
                 );
             }
-            spec(&mut v, format!("{a}.f_a_proj.weight"), &[sh.kda_dim, d], w);
-            spec(&mut v, format!("{a}.f_b_proj.weight"), &[p, sh.kda_dim], w);
+            spec(&mut v, format!("{a}.f_a_proj.weight"), &[KDA_DIM, d], w);
+            spec(&mut v, format!("{a}.f_b_proj.weight"), &[p, KDA_DIM], w);
             spec(&mut v, format!("{a}.dt_bias"), &[p], Kind::F32(-3.0));
             spec(
                 &mut v,
@@ -211,10 +205,10 @@ fn specs(sh: &Shape, experts: Option<usize>, dense_inter: usize, pinned: bool) -
             if k3 {
                 spec(&mut v, format!("{a}.g_proj.weight"), &[p, d], w);
             } else {
-                spec(&mut v, format!("{a}.g_a_proj.weight"), &[sh.kda_dim, d], w);
-                spec(&mut v, format!("{a}.g_b_proj.weight"), &[p, sh.kda_dim], w);
+                spec(&mut v, format!("{a}.g_a_proj.weight"), &[KDA_DIM, d], w);
+                spec(&mut v, format!("{a}.g_b_proj.weight"), &[p, KDA_DIM], w);
             }
-            spec(&mut v, format!("{a}.o_norm.weight"), &[sh.kda_dim], norm);
+            spec(&mut v, format!("{a}.o_norm.weight"), &[KDA_DIM], norm);
             spec(&mut v, format!("{a}.o_proj.weight"), &[d, p], w);
         } else {
             if k3 {
@@ -228,27 +222,27 @@ fn specs(sh: &Shape, experts: Option<usize>, dense_inter: usize, pinned: bool) -
                 spec(
                     &mut v,
                     format!("{a}.q_b_proj.weight"),
-                    &[sh.mla_heads * (sh.nope + sh.rope), sh.q_lora],
+                    &[sh.mla_heads * (NOPE + ROPE), sh.q_lora],
                     w,
                 );
                 spec(
                     &mut v,
                     format!("{a}.g_proj.weight"),
-                    &[sh.mla_heads * sh.v_dim, d],
+                    &[sh.mla_heads * V_DIM, d],
                     w,
                 );
             } else {
                 spec(
                     &mut v,
                     format!("{a}.q_proj.weight"),
-                    &[sh.mla_heads * (sh.nope + sh.rope), d],
+                    &[sh.mla_heads * (NOPE + ROPE), d],
                     w,
                 );
             }
             spec(
                 &mut v,
                 format!("{a}.kv_a_proj_with_mqa.weight"),
-                &[sh.kv_lora + sh.rope, d],
+                &[sh.kv_lora + ROPE, d],
                 w,
             );
             spec(
@@ -260,13 +254,13 @@ fn specs(sh: &Shape, experts: Option<usize>, dense_inter: usize, pinned: bool) -
             spec(
                 &mut v,
                 format!("{a}.kv_b_proj.weight"),
-                &[sh.mla_heads * (sh.nope + sh.v_dim), sh.kv_lora],
+                &[sh.mla_heads * (NOPE + V_DIM), sh.kv_lora],
                 w,
             );
             spec(
                 &mut v,
                 format!("{a}.o_proj.weight"),
-                &[d, sh.mla_heads * sh.v_dim],
+                &[d, sh.mla_heads * V_DIM],
                 w,
             );
         }
@@ -401,12 +395,12 @@ fn active_bytes(specs: &[Spec]) -> usize {
 
 fn text_config(sh: &Shape, experts: Option<usize>, dense_inter: usize) -> Value {
     let mut c = json!({
-        "vocab_size": sh.vocab, "hidden_size": sh.hidden, "num_hidden_layers": LAYERS,
+        "vocab_size": VOCAB, "hidden_size": sh.hidden, "num_hidden_layers": LAYERS,
         "num_attention_heads": sh.mla_heads, "num_key_value_heads": sh.mla_heads, "rms_norm_eps": 1e-5,
         "max_position_embeddings": 4096, "tie_word_embeddings": false, "kv_lora_rank": sh.kv_lora,
-        "qk_nope_head_dim": sh.nope, "qk_rope_head_dim": sh.rope, "v_head_dim": sh.v_dim, "mla_use_nope": true,
+        "qk_nope_head_dim": NOPE, "qk_rope_head_dim": ROPE, "v_head_dim": V_DIM, "mla_use_nope": true,
         "linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4], "num_heads": sh.kda_heads,
-            "head_dim": sh.kda_dim, "short_conv_kernel_size": 4},
+            "head_dim": KDA_DIM, "short_conv_kernel_size": 4},
         "bos_token_id": 1, "eos_token_id": 2,
     });
     match experts {

@@ -65,10 +65,9 @@ pub struct HugePages {
 /// MXFP4's single-sequence tg128 went 285 → 321 tok/s with huge-page
 /// weights; the K3-shaped models measured the same within the noise
 /// (README, Performance; `bench/HISTORY.md` once it moves). Call once the
-/// weights are
-/// loaded. Linux only (a no-op elsewhere); kernels without `MADV_COLLAPSE`
-/// (before 6.1), or a machine whose THP setting is `never`, keep 4 KiB pages
-/// and report less. `CARACAL_HUGE_PAGES=0` skips it, for comparisons.
+/// weights are loaded. Linux only (a no-op elsewhere); kernels without
+/// `MADV_COLLAPSE` (before 6.1), or a machine whose THP setting is `never`,
+/// keep 4 KiB pages and report less. `CARACAL_HUGE_PAGES=0` skips it, for comparisons.
 pub fn huge_pages_for_resident_memory() -> HugePages {
     let mut done = HugePages::default();
     if std::env::var("CARACAL_HUGE_PAGES").is_ok_and(|v| v == "0") {
