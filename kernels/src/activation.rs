@@ -164,6 +164,22 @@ pub fn situ_glu(gate: &[f32], up: &[f32], beta: f32, linear_beta: f32, out: &mut
     glu_with(kind, Isa::best(), gate, up, out);
 }
 
+/// [`swiglu`] written over `gate` (bit-identical, no output buffer).
+pub fn swiglu_in_place(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "swiglu: gate and up lengths differ");
+    glu_in_place_with(Glu::Silu, Isa::best(), gate, up);
+}
+
+/// [`situ_glu`] written over `gate` (bit-identical, no output buffer).
+pub fn situ_glu_in_place(gate: &mut [f32], up: &[f32], beta: f32, linear_beta: f32) {
+    assert_eq!(gate.len(), up.len(), "situ_glu: gate and up lengths differ");
+    assert!(
+        beta > 0.0 && linear_beta > 0.0,
+        "situ_glu: betas must be positive"
+    );
+    glu_in_place_with(Glu::Situ { beta, linear_beta }, Isa::best(), gate, up);
+}
+
 /// Values per task of a parallel GLU combiner (~5 µs of work). Default 8,192.
 pub const GLU_TASK: usize = 8192;
 
@@ -180,7 +196,10 @@ pub(crate) enum Glu {
 /// has), split over the pool in tasks of [`GLU_TASK`] values.
 pub(crate) fn glu_with(kind: Glu, isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
     let isa = if isa.supported() { isa } else { Isa::Portable };
-    let one = |((o, g), u): ((&mut [f32], &[f32]), &[f32])| glu_chunk(kind, isa, g, u, o);
+    let one = |((o, g), u): ((&mut [f32], &[f32]), &[f32])| {
+        // SAFETY: equal lengths (the chunks of equal-length slices).
+        unsafe { glu_chunk(kind, isa, g.as_ptr(), u.as_ptr(), o.as_mut_ptr(), o.len()) }
+    };
     if out.len() <= GLU_TASK || crate::threads::is_serial() || rayon::current_num_threads() == 1 {
         one(((out, gate), up));
     } else {
@@ -191,62 +210,79 @@ pub(crate) fn glu_with(kind: Glu, isa: Isa, gate: &[f32], up: &[f32], out: &mut 
     }
 }
 
-/// One task of [`glu_with`].
-fn glu_chunk(kind: Glu, isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: glu_with keeps only an ISA the CPU has.
-        Isa::Avx512 => unsafe { glu_avx512(kind, gate, up, out) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe { glu_avx2(kind, gate, up, out) },
-        // SAFETY: the portable build needs no CPU feature.
-        _ => unsafe { glu_simd::<Portable>(kind, gate, up, out) },
+/// [`glu_with`] writing over `gate`: the same values, without a third buffer.
+pub(crate) fn glu_in_place_with(kind: Glu, isa: Isa, gate: &mut [f32], up: &[f32]) {
+    let isa = if isa.supported() { isa } else { Isa::Portable };
+    let one = |(g, u): (&mut [f32], &[f32])| {
+        // SAFETY: equal lengths; each vector of `g` is read before it is written.
+        unsafe { glu_chunk(kind, isa, g.as_ptr(), u.as_ptr(), g.as_mut_ptr(), g.len()) }
+    };
+    if gate.len() <= GLU_TASK || crate::threads::is_serial() || rayon::current_num_threads() == 1 {
+        one((gate, up));
+    } else {
+        gate.par_chunks_mut(GLU_TASK)
+            .zip(up.par_chunks(GLU_TASK))
+            .for_each(one);
+    }
+}
+
+/// One task of [`glu_with`]: `len` values at `g` and `u` combined into `o`
+/// (which may be `g`).
+///
+/// # Safety
+/// `len` values readable at `g` and `u` and writable at `o`.
+unsafe fn glu_chunk(kind: Glu, isa: Isa, g: *const f32, u: *const f32, o: *mut f32, len: usize) {
+    // SAFETY: the caller's contract; each build runs only on an ISA glu_with kept.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => glu_avx512(kind, g, u, o, len),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => glu_avx2(kind, g, u, o, len),
+            _ => glu_simd::<Portable>(kind, g, u, o, len),
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn glu_avx512(kind: Glu, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    // SAFETY: AVX-512F is enabled for this function.
-    unsafe { glu_simd::<Avx512>(kind, gate, up, out) }
+unsafe fn glu_avx512(kind: Glu, g: *const f32, u: *const f32, o: *mut f32, len: usize) {
+    // SAFETY: AVX-512F is enabled for this function; the caller's contract.
+    unsafe { glu_simd::<Avx512>(kind, g, u, o, len) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn glu_avx2(kind: Glu, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    // SAFETY: AVX2 and FMA are enabled for this function.
-    unsafe { glu_simd::<Avx2>(kind, gate, up, out) }
+unsafe fn glu_avx2(kind: Glu, g: *const f32, u: *const f32, o: *mut f32, len: usize) {
+    // SAFETY: AVX2 and FMA are enabled for this function; the caller's contract.
+    unsafe { glu_simd::<Avx2>(kind, g, u, o, len) }
 }
 
 /// The combiner `S::LANES` values at a time; the tail goes through the same
-/// vector code from a zero-padded copy.
+/// vector code from a zero-padded copy. Each vector is loaded before its
+/// result is stored, so `o` may be `g`.
 ///
 /// # Safety
-/// `S`'s instruction set is supported by the CPU; equal lengths.
+/// `S`'s instruction set is supported by the CPU; `len` values readable at
+/// `g` and `u` and writable at `o`.
 #[inline(always)]
-unsafe fn glu_simd<S: Simd>(kind: Glu, gate: &[f32], up: &[f32], out: &mut [f32]) {
+unsafe fn glu_simd<S: Simd>(kind: Glu, g: *const f32, u: *const f32, o: *mut f32, len: usize) {
     let l = S::LANES;
-    let full = out.len() / l * l;
-    // SAFETY (both calls): LANES values at each pointer (the caller's
-    // equal lengths, or the 16-value tail buffers).
-    for i in (0..full).step_by(l) {
-        unsafe {
-            glu_lanes::<S>(
-                kind,
-                gate[i..].as_ptr(),
-                up[i..].as_ptr(),
-                out[i..].as_mut_ptr(),
-            )
-        };
-    }
-    if full < out.len() {
-        let n = out.len() - full;
-        let (mut g, mut u, mut o) = ([0.0f32; 16], [0.0f32; 16], [0.0f32; 16]);
-        g[..n].copy_from_slice(&gate[full..]);
-        u[..n].copy_from_slice(&up[full..]);
-        unsafe { glu_lanes::<S>(kind, g.as_ptr(), u.as_ptr(), o.as_mut_ptr()) };
-        out[full..].copy_from_slice(&o[..n]);
+    let full = len / l * l;
+    // SAFETY (all calls): LANES values at each pointer (inside the caller's
+    // `len`, or the 16-value tail buffers).
+    unsafe {
+        for i in (0..full).step_by(l) {
+            glu_lanes::<S>(kind, g.add(i), u.add(i), o.add(i));
+        }
+        if full < len {
+            let n = len - full;
+            let (mut gt, mut ut, mut ot) = ([0.0f32; 16], [0.0f32; 16], [0.0f32; 16]);
+            std::ptr::copy_nonoverlapping(g.add(full), gt.as_mut_ptr(), n);
+            std::ptr::copy_nonoverlapping(u.add(full), ut.as_mut_ptr(), n);
+            glu_lanes::<S>(kind, gt.as_ptr(), ut.as_ptr(), ot.as_mut_ptr());
+            std::ptr::copy_nonoverlapping(ot.as_ptr(), o.add(full), n);
+        }
     }
 }
 
@@ -475,6 +511,38 @@ mod tests {
                 .iter()
                 .zip(&all[start..])
                 .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+
+    #[test]
+    fn in_place_combiners_are_the_out_of_place_ones_bit_for_bit() {
+        // Pool-sized and tail lengths, so both the split and the padded tail run in place.
+        for n in [1, 15, 17, 2 * GLU_TASK + 5] {
+            let gate: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919) % 2000) as f32 * 0.01 - 10.0)
+                .collect();
+            let up: Vec<f32> = (0..n)
+                .map(|i| ((i * 104729) % 300) as f32 * 0.01 - 1.5)
+                .collect();
+            let mut want = vec![0.0; n];
+            swiglu(&gate, &up, &mut want);
+            let mut got = gate.clone();
+            swiglu_in_place(&mut got, &up);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "n {n}"
+            );
+            situ_glu(&gate, &up, 4.0, 25.0, &mut want);
+            let mut got = gate.clone();
+            situ_glu_in_place(&mut got, &up, 4.0, 25.0);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "n {n}"
+            );
         }
     }
 

@@ -202,6 +202,26 @@ pub(crate) fn product_ready(
     n > 0 && rows > 0 && cols > 0
 }
 
+/// [`product_ready`] for an output of `n × rows` values not yet written
+/// (an allocating product that writes every output, so nothing needs zeroing
+/// first); returns it as the kernels' output pointer, or `None` when there is
+/// nothing to compute (a width of 0 fills it with zeros).
+pub(crate) fn uninit_ready(
+    op: &str,
+    x: &[f32],
+    n: usize,
+    out: &mut [std::mem::MaybeUninit<f32>],
+    rows: usize,
+    cols: usize,
+) -> Option<crate::split::OutPtr> {
+    assert_eq!(x.len(), n * cols, "{op}: x must be [n, cols]");
+    assert_eq!(out.len(), n * rows, "{op}: out must be [n, rows]");
+    if cols == 0 {
+        out.fill(std::mem::MaybeUninit::new(0.0));
+    }
+    (n > 0 && rows > 0 && cols > 0).then(|| crate::split::OutPtr(out.as_mut_ptr().cast()))
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     //! The AVX-512 rounding loop, and the block epilogue and tile store the

@@ -32,8 +32,12 @@
 //! product of the decoded weights and the rounded activations up to f32
 //! rounding of the per-block terms (see the tests).
 
+use std::mem::MaybeUninit;
+
 use crate::error::Result;
-use crate::int8_rows::{product_ready, with_rounded, Line, QuantRows, Scheme, MIN_TASK_MACS};
+use crate::int8_rows::{
+    product_ready, uninit_ready, with_rounded, Line, QuantRows, Scheme, MIN_TASK_MACS,
+};
 use crate::split::{for_row_ranges, OutPtr};
 
 use super::{check_layout, BLOCK};
@@ -254,13 +258,29 @@ impl Q8Panels {
     /// # Panics
     /// As [`Q8Panels::matmul`], and if `kernel` is not supported here.
     pub fn matmul_with(&self, kernel: Q8PanelKernel, x: &[f32], n: usize, out: &mut [f32]) {
+        if product_ready("Q8Panels::matmul", x, n, out, self.rows, self.cols) {
+            self.product(kernel, x, n, OutPtr(out.as_mut_ptr()));
+        }
+    }
+
+    /// [`Q8Panels::matmul`] into outputs not yet written (each is written
+    /// once, so a fresh buffer needs no zeroing).
+    ///
+    /// # Panics
+    /// As [`Q8Panels::matmul`].
+    pub fn matmul_uninit(&self, x: &[f32], n: usize, out: &mut [MaybeUninit<f32>]) {
+        if let Some(o) = uninit_ready("Q8Panels::matmul", x, n, out, self.rows, self.cols) {
+            self.product(Q8PanelKernel::best(), x, n, o);
+        }
+    }
+
+    /// The product into `out` (`n × rows` values, `n`, `rows` and `cols`
+    /// not 0), every output written once.
+    fn product(&self, kernel: Q8PanelKernel, x: &[f32], n: usize, outp: OutPtr) {
         assert!(
             kernel.supported(),
             "Q8Panels::matmul: {kernel:?} is not supported here"
         );
-        if !product_ready("Q8Panels::matmul", x, n, out, self.rows, self.cols) {
-            return;
-        }
         let avx512 = kernel != Q8PanelKernel::Portable;
         let mr = match kernel {
             Q8PanelKernel::Amx if n >= AMX_MIN_ROWS => MR_AMX,
@@ -268,7 +288,6 @@ impl Q8Panels {
         };
         with_rounded(Scheme::Q8_0, avx512, x, n, self.cols, |q| {
             let np = self.rows.div_ceil(PANEL_ROWS);
-            let outp = OutPtr(out.as_mut_ptr());
             for_row_ranges(np, PANEL_ROWS * self.cols * n, MIN_TASK_MACS, |p0, p1| {
                 for p in p0..p1 {
                     let mut i = 0;

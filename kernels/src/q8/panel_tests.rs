@@ -125,3 +125,22 @@ fn non_finite_activations_give_non_finite_outputs_of_their_row_only() {
         .chain(&y[2 * rows..])
         .all(|v| v.is_finite()));
 }
+
+#[test]
+fn a_product_into_unwritten_outputs_writes_every_output_as_the_zeroed_form_does() {
+    // 37 rows: a partial last panel; batches on both sides of the tile height.
+    let (rows, cols) = (37, 160);
+    let (q, d) = matrix(rows, cols);
+    let p = Q8Panels::pack(&q, &d, rows, cols).unwrap();
+    for n in [1, 3, 8, 13] {
+        let x: Vec<f32> = values(n as u64, n * cols);
+        let mut want = vec![0.0; n * rows];
+        p.matmul(&x, n, &mut want);
+        let mut got = vec![MaybeUninit::new(f32::NAN); n * rows];
+        p.matmul_uninit(&x, n, &mut got);
+        // SAFETY: every element was initialised (to NaN) before the product.
+        let got: Vec<f32> = got.iter().map(|v| unsafe { v.assume_init() }).collect();
+        // Bit-identical and no NaN left: every output was written.
+        assert_eq!(got, want, "n {n}");
+    }
+}

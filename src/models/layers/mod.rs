@@ -203,6 +203,27 @@ impl RmsNorm {
 pub use crate::checkpoint::arch::GluAct;
 
 impl GluAct {
+    /// `gate = act(gate) · up`: [`GluAct::apply`] without an output buffer,
+    /// bit-identical.
+    pub fn apply_in_place(self, gate: &mut [f32], up: &[f32]) {
+        match self {
+            GluAct::Silu => activation::swiglu_in_place(gate, up),
+            GluAct::Situ {
+                beta,
+                linear_beta: Some(lb),
+            } => activation::situ_glu_in_place(gate, up, beta, lb),
+            GluAct::Situ {
+                beta,
+                linear_beta: None,
+            } => {
+                assert_eq!(gate.len(), up.len(), "situ: gate and up lengths differ");
+                for (g, &u) in gate.iter_mut().zip(up) {
+                    *g = beta * (*g / beta).tanh() * activation::sigmoid(*g) * u;
+                }
+            }
+        }
+    }
+
     /// `out = act(gate) · up`.
     pub fn apply(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
         match self {
@@ -286,17 +307,19 @@ impl Mlp {
 
     /// Runs the MLP on `x` `[n, hidden]`.
     pub fn forward(&self, x: &[f32]) -> Vec<f32> {
-        let mut out = vec![0.0; x.len() / self.gate_proj.cols.max(1) * self.down_proj.rows];
-        self.forward_into(x, &mut out);
-        out
+        self.down_proj.forward(&self.hidden(x))
     }
 
     /// [`Mlp::forward`] into `out` `[n, hidden]`.
     pub fn forward_into(&self, x: &[f32], out: &mut [f32]) {
-        let [gate, up] = Matrix::forward_group([&self.gate_proj, &self.up_proj], x);
-        let mut h = vec![0.0; gate.len()];
-        self.act.apply(&gate, &up, &mut h);
-        self.down_proj.matmul(&h, out);
+        self.down_proj.matmul(&self.hidden(x), out);
+    }
+
+    /// `act(gate(x)) · up(x)`, the input of `down_proj`.
+    fn hidden(&self, x: &[f32]) -> Vec<f32> {
+        let [mut gate, up] = Matrix::forward_group([&self.gate_proj, &self.up_proj], x);
+        self.act.apply_in_place(&mut gate, &up);
+        gate
     }
 }
 
@@ -434,6 +457,9 @@ mod tests {
             );
             let mut out = vec![0.0; gate.len()];
             act.apply(&gate, &up, &mut out);
+            let mut in_place = gate.clone();
+            act.apply_in_place(&mut in_place, &up);
+            assert_eq!(in_place, out, "in place, linear beta {lin:?}");
             for i in 0..gate.len() {
                 let want = situ_f64(
                     gate[i] as f64,

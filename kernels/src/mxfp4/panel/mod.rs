@@ -40,9 +40,13 @@
 //! bit-identical; the error against the exact product is the bound stated on
 //! [`super::matmul_mxfp4_q8`].
 
+use std::mem::MaybeUninit;
+
 use super::{check_layout, BLOCK_BYTES, BLOCK_ELEMS, E2M1_X2_U8, E8M0_TABLE, ZERO_BLOCK_SCALE};
 use crate::error::Result;
-use crate::int8_rows::{product_ready, with_rounded, Line, QuantRows, Scheme, MIN_TASK_MACS};
+use crate::int8_rows::{
+    product_ready, uninit_ready, with_rounded, Line, QuantRows, Scheme, MIN_TASK_MACS,
+};
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
@@ -290,9 +294,26 @@ impl Panels {
             kernel.supported(),
             "Panels::matmul: {kernel:?} is not supported here"
         );
-        if !product_ready("Panels::matmul", x, n, out, self.rows, self.cols) {
-            return;
+        if product_ready("Panels::matmul", x, n, out, self.rows, self.cols) {
+            self.product(kernel, mr, x, n, OutPtr(out.as_mut_ptr()));
         }
+    }
+
+    /// [`Panels::matmul`] into outputs not yet written (each is written
+    /// once, so a fresh buffer needs no zeroing).
+    ///
+    /// # Panics
+    /// As [`Panels::matmul`].
+    pub fn matmul_uninit(&self, x: &[f32], n: usize, out: &mut [MaybeUninit<f32>]) {
+        if let Some(o) = uninit_ready("Panels::matmul", x, n, out, self.rows, self.cols) {
+            let kernel = PanelKernel::best();
+            self.product(kernel, kernel.tile_rows(), x, n, o);
+        }
+    }
+
+    /// The product into `out` (`n × rows` values; `n`, `rows` and `cols`
+    /// not 0), every output written once.
+    fn product(&self, kernel: PanelKernel, mr: usize, x: &[f32], n: usize, out: OutPtr) {
         let mr = match kernel {
             PanelKernel::Avx2 => mr.clamp(1, MR_AVX2),
             _ => mr.clamp(1, MAX_TILE_ROWS),
@@ -312,6 +333,52 @@ impl Panels {
     /// If the widths differ, `x` is not `n × cols` or `outs[m]` not
     /// `n × mats[m].rows` values.
     pub fn matmul_group(mats: &[&Panels], x: &[f32], n: usize, outs: &mut [&mut [f32]]) {
+        Panels::check_group(mats, x, n, outs.iter().map(|o| o.len()));
+        let kernel = PanelKernel::best();
+        if n == 0 || mats.is_empty() || mats[0].cols == 0 || kernel == PanelKernel::Avx2 {
+            // AVX2 tiles are 2 rows: no gain to share; keep one call each.
+            for (m, o) in mats.iter().zip(outs.iter_mut()) {
+                m.matmul(x, n, o);
+            }
+            return;
+        }
+        let ptrs: Vec<OutPtr> = outs.iter_mut().map(|o| OutPtr(o.as_mut_ptr())).collect();
+        Panels::group_product(kernel, mats, x, n, &ptrs);
+    }
+
+    /// [`Panels::matmul_group`] into outputs not yet written (each is
+    /// written once, so fresh buffers need no zeroing).
+    ///
+    /// # Panics
+    /// As [`Panels::matmul_group`].
+    pub fn matmul_group_uninit(
+        mats: &[&Panels],
+        x: &[f32],
+        n: usize,
+        outs: &mut [&mut [MaybeUninit<f32>]],
+    ) {
+        Panels::check_group(mats, x, n, outs.iter().map(|o| o.len()));
+        let kernel = PanelKernel::best();
+        if n == 0 || mats.is_empty() || mats[0].cols == 0 || kernel == PanelKernel::Avx2 {
+            for (m, o) in mats.iter().zip(outs.iter_mut()) {
+                m.matmul_uninit(x, n, o);
+            }
+            return;
+        }
+        let ptrs: Vec<OutPtr> = outs
+            .iter_mut()
+            .map(|o| OutPtr(o.as_mut_ptr().cast()))
+            .collect();
+        Panels::group_product(kernel, mats, x, n, &ptrs);
+    }
+
+    /// The shape checks of [`Panels::matmul_group`], given the outputs' lengths.
+    fn check_group(
+        mats: &[&Panels],
+        x: &[f32],
+        n: usize,
+        outs: impl ExactSizeIterator<Item = usize>,
+    ) {
         assert_eq!(
             mats.len(),
             outs.len(),
@@ -328,24 +395,19 @@ impl Panels {
             n * cols,
             "Panels::matmul_group: x must be [n, cols]"
         );
-        for (m, o) in mats.iter().zip(outs.iter()) {
+        for (m, len) in mats.iter().zip(outs) {
             assert_eq!(
-                o.len(),
+                len,
                 n * m.rows,
                 "Panels::matmul_group: out must be [n, rows]"
             );
         }
-        if n == 0 {
-            return;
-        }
-        let kernel = PanelKernel::best();
-        if cols == 0 || kernel == PanelKernel::Avx2 {
-            // AVX2 tiles are 2 rows: no gain to share; keep one call each.
-            for (m, o) in mats.iter().zip(outs.iter_mut()) {
-                m.matmul(x, n, o);
-            }
-            return;
-        }
+    }
+
+    /// The grouped product (shapes checked, `n` and the width not 0) into
+    /// `ptrs`, every output written once.
+    fn group_product(kernel: PanelKernel, mats: &[&Panels], x: &[f32], n: usize, ptrs: &[OutPtr]) {
+        let cols = mats[0].cols;
         let mr = kernel.tile_rows();
         // Panel ranges of each matrix within the group's one range.
         let starts: Vec<usize> = mats
@@ -358,7 +420,6 @@ impl Panels {
             .collect();
         let total = starts.last().copied().unwrap_or(0)
             + mats.last().map_or(0, |m| m.rows.div_ceil(PANEL_ROWS));
-        let ptrs: Vec<OutPtr> = outs.iter_mut().map(|o| OutPtr(o.as_mut_ptr())).collect();
         with_rounded(Scheme::MXFP4, kernel.avx512(), x, n, cols, |q| {
             for_row_ranges(total, PANEL_ROWS * cols * n, MIN_TASK_MACS, |p0, p1| {
                 for g in p0..p1 {
@@ -370,10 +431,9 @@ impl Panels {
     }
 
     /// The tiles of the product, split over the pool by ranges of panels.
-    fn run(&self, kernel: PanelKernel, mr: usize, q: &QuantRows, n: usize, out: &mut [f32]) {
+    fn run(&self, kernel: PanelKernel, mr: usize, q: &QuantRows, n: usize, out: OutPtr) {
         let np = self.rows.div_ceil(PANEL_ROWS);
         let panel_macs = PANEL_ROWS * self.cols * n;
-        let out = OutPtr(out.as_mut_ptr());
         for_row_ranges(np, panel_macs, MIN_TASK_MACS, |p0, p1| {
             for p in p0..p1 {
                 self.panel(kernel, mr, p, q, n, out);

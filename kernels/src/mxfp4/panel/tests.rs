@@ -310,3 +310,42 @@ fn a_grouped_product_equals_one_call_per_matrix_bit_for_bit() {
         }
     }
 }
+
+/// `len` outputs that read NaN until written.
+fn unwritten(len: usize) -> Vec<std::mem::MaybeUninit<f32>> {
+    vec![std::mem::MaybeUninit::new(f32::NAN); len]
+}
+
+/// The values of outputs that the product must have written.
+fn written(out: &[std::mem::MaybeUninit<f32>]) -> Vec<f32> {
+    // SAFETY: `unwritten` initialised every element (to NaN before the product).
+    out.iter().map(|v| unsafe { v.assume_init() }).collect()
+}
+
+#[test]
+fn products_into_unwritten_outputs_write_every_output_as_the_zeroed_forms_do() {
+    let mut rng = Rng::new(41);
+    for &(rows, cols) in &SHAPES {
+        let (blocks, scales) = random_packed(&mut rng, rows, cols);
+        let p = Panels::pack(&blocks, &scales, rows, cols).expect("valid layout");
+        let q = Panels::pack(&blocks, &scales, rows, cols).expect("valid layout");
+        for &n in &NS {
+            let x = rng.vec(n * cols, 2.0);
+            let mut want = vec![0.0; n * rows];
+            p.matmul(&x, n, &mut want);
+            let mut got = unwritten(n * rows);
+            p.matmul_uninit(&x, n, &mut got);
+            // Bit-identical and no NaN left: every output was written.
+            assert_eq!(written(&got), want, "{rows}x{cols}, n {n}");
+            let (mut g0, mut g1) = (unwritten(n * rows), unwritten(n * rows));
+            Panels::matmul_group_uninit(&[&p, &q], &x, n, &mut [&mut g0[..], &mut g1[..]]);
+            assert_eq!(written(&g0), want, "group, {rows}x{cols}, n {n}");
+            assert_eq!(written(&g1), want, "group, {rows}x{cols}, n {n}");
+        }
+    }
+    // No rows of activations: nothing to write; a width of 0: zeros.
+    let e = Panels::pack(&[], &[], 3, 0).expect("no columns");
+    let mut z = unwritten(2 * 3);
+    e.matmul_uninit(&[], 2, &mut z);
+    assert_eq!(written(&z), vec![0.0; 6]);
+}
