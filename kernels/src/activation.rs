@@ -485,17 +485,23 @@ mod tests {
         }
     }
 
+    /// `n` gate values over ±10 and up values over ±1.5, spread by position.
+    fn glu_inputs(n: usize) -> (Vec<f32>, Vec<f32>) {
+        let gate = (0..n)
+            .map(|i| ((i * 7919) % 2000) as f32 * 0.01 - 10.0)
+            .collect();
+        let up = (0..n)
+            .map(|i| ((i * 104729) % 300) as f32 * 0.01 - 1.5)
+            .collect();
+        (gate, up)
+    }
+
     #[test]
     fn swiglu_does_not_depend_on_position_split_or_threads() {
         // Each value goes through the same vector code (tails from a padded
         // copy), so a value's result is the same wherever it sits.
         let n = 3 * GLU_TASK + 37;
-        let gate: Vec<f32> = (0..n)
-            .map(|i| ((i * 7919) % 2000) as f32 * 0.01 - 10.0)
-            .collect();
-        let up: Vec<f32> = (0..n)
-            .map(|i| ((i * 104729) % 300) as f32 * 0.01 - 1.5)
-            .collect();
+        let (gate, up) = glu_inputs(n);
         let mut all = vec![0.0; n];
         swiglu(&gate, &up, &mut all);
         let mut serial = vec![0.0; n];
@@ -518,12 +524,7 @@ mod tests {
     fn in_place_combiners_are_the_out_of_place_ones_bit_for_bit() {
         // Pool-sized and tail lengths, so both the split and the padded tail run in place.
         for n in [1, 15, 17, 2 * GLU_TASK + 5] {
-            let gate: Vec<f32> = (0..n)
-                .map(|i| ((i * 7919) % 2000) as f32 * 0.01 - 10.0)
-                .collect();
-            let up: Vec<f32> = (0..n)
-                .map(|i| ((i * 104729) % 300) as f32 * 0.01 - 1.5)
-                .collect();
+            let (gate, up) = glu_inputs(n);
             let mut want = vec![0.0; n];
             swiglu(&gate, &up, &mut want);
             let mut got = gate.clone();
