@@ -90,7 +90,7 @@ fn parse_args() -> Result<Args> {
 
 /// Step times in ms of `steps` decode steps of `seqs` sequences at `context`.
 fn time_steps(model: &dyn CausalLm, seqs: usize, context: usize, steps: usize) -> Result<Vec<f64>> {
-    let info = model.info().clone();
+    let info = model.info();
     if context + 1 > info.max_position {
         bail!(
             "--context {context} exceeds the model's {} positions",

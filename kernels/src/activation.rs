@@ -143,7 +143,8 @@ pub fn gelu_erf_inplace(x: &mut [f32]) {
 pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     assert_eq!(gate.len(), up.len(), "swiglu: gate and up lengths differ");
     assert_eq!(gate.len(), out.len(), "swiglu: out length differs");
-    glu_with(Glu::Silu, Isa::best(), gate, up, out);
+    out.copy_from_slice(gate);
+    swiglu_in_place(out, up);
 }
 
 /// SiTU-GLU combiner (Kimi K3):
@@ -156,12 +157,8 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
 pub fn situ_glu(gate: &[f32], up: &[f32], beta: f32, linear_beta: f32, out: &mut [f32]) {
     assert_eq!(gate.len(), up.len(), "situ_glu: gate and up lengths differ");
     assert_eq!(gate.len(), out.len(), "situ_glu: out length differs");
-    assert!(
-        beta > 0.0 && linear_beta > 0.0,
-        "situ_glu: betas must be positive"
-    );
-    let kind = Glu::Situ { beta, linear_beta };
-    glu_with(kind, Isa::best(), gate, up, out);
+    out.copy_from_slice(gate);
+    situ_glu_in_place(out, up, beta, linear_beta);
 }
 
 /// [`swiglu`] written over `gate` (bit-identical, no output buffer).
@@ -193,30 +190,19 @@ pub(crate) enum Glu {
 }
 
 /// The combiner `kind` on instruction set `isa` (narrowed to one this CPU
-/// has), split over the pool in tasks of [`GLU_TASK`] values.
-pub(crate) fn glu_with(kind: Glu, isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    let isa = if isa.supported() { isa } else { Isa::Portable };
-    let one = |((o, g), u): ((&mut [f32], &[f32]), &[f32])| {
-        // SAFETY: equal lengths (the chunks of equal-length slices).
-        unsafe { glu_chunk(kind, isa, g.as_ptr(), u.as_ptr(), o.as_mut_ptr(), o.len()) }
-    };
-    if out.len() <= GLU_TASK || crate::threads::is_serial() || rayon::current_num_threads() == 1 {
-        one(((out, gate), up));
-    } else {
-        out.par_chunks_mut(GLU_TASK)
-            .zip(gate.par_chunks(GLU_TASK))
-            .zip(up.par_chunks(GLU_TASK))
-            .for_each(one);
-    }
+/// has) into `out`: [`glu_in_place_with`] on a copy of `gate`.
+#[cfg(test)]
+fn glu_with(kind: Glu, isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    out.copy_from_slice(gate);
+    glu_in_place_with(kind, isa, out, up);
 }
 
-/// [`glu_with`] writing over `gate`: the same values, without a third buffer.
+/// The combiner `kind` on instruction set `isa` (narrowed to one this CPU
+/// has) written over `gate`, split over the pool in tasks of [`GLU_TASK`]
+/// values.
 pub(crate) fn glu_in_place_with(kind: Glu, isa: Isa, gate: &mut [f32], up: &[f32]) {
     let isa = if isa.supported() { isa } else { Isa::Portable };
-    let one = |(g, u): (&mut [f32], &[f32])| {
-        // SAFETY: equal lengths; each vector of `g` is read before it is written.
-        unsafe { glu_chunk(kind, isa, g.as_ptr(), u.as_ptr(), g.as_mut_ptr(), g.len()) }
-    };
+    let one = |(g, u): (&mut [f32], &[f32])| glu_chunk(kind, isa, g, u);
     if gate.len() <= GLU_TASK || crate::threads::is_serial() || rayon::current_num_threads() == 1 {
         one((gate, up));
     } else {
@@ -226,63 +212,57 @@ pub(crate) fn glu_in_place_with(kind: Glu, isa: Isa, gate: &mut [f32], up: &[f32
     }
 }
 
-/// One task of [`glu_with`]: `len` values at `g` and `u` combined into `o`
-/// (which may be `g`).
-///
-/// # Safety
-/// `len` values readable at `g` and `u` and writable at `o`.
-unsafe fn glu_chunk(kind: Glu, isa: Isa, g: *const f32, u: *const f32, o: *mut f32, len: usize) {
-    // SAFETY: the caller's contract; each build runs only on an ISA glu_with kept.
-    unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => glu_avx512(kind, g, u, o, len),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => glu_avx2(kind, g, u, o, len),
-            _ => glu_simd::<Portable>(kind, g, u, o, len),
-        }
+/// One task of [`glu_in_place_with`].
+fn glu_chunk(kind: Glu, isa: Isa, gate: &mut [f32], up: &[f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: glu_in_place_with keeps only an ISA the CPU has.
+        Isa::Avx512 => unsafe { glu_avx512(kind, gate, up) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { glu_avx2(kind, gate, up) },
+        // SAFETY: the portable build needs no CPU feature.
+        _ => unsafe { glu_simd::<Portable>(kind, gate, up) },
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn glu_avx512(kind: Glu, g: *const f32, u: *const f32, o: *mut f32, len: usize) {
-    // SAFETY: AVX-512F is enabled for this function; the caller's contract.
-    unsafe { glu_simd::<Avx512>(kind, g, u, o, len) }
+unsafe fn glu_avx512(kind: Glu, gate: &mut [f32], up: &[f32]) {
+    // SAFETY: AVX-512F is enabled for this function.
+    unsafe { glu_simd::<Avx512>(kind, gate, up) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn glu_avx2(kind: Glu, g: *const f32, u: *const f32, o: *mut f32, len: usize) {
-    // SAFETY: AVX2 and FMA are enabled for this function; the caller's contract.
-    unsafe { glu_simd::<Avx2>(kind, g, u, o, len) }
+unsafe fn glu_avx2(kind: Glu, gate: &mut [f32], up: &[f32]) {
+    // SAFETY: AVX2 and FMA are enabled for this function.
+    unsafe { glu_simd::<Avx2>(kind, gate, up) }
 }
 
-/// The combiner `S::LANES` values at a time; the tail goes through the same
-/// vector code from a zero-padded copy. Each vector is loaded before its
-/// result is stored, so `o` may be `g`.
+/// The combiner over `gate` in place, `S::LANES` values at a time (each
+/// vector is loaded before its result is stored); the tail goes through the
+/// same vector code from a zero-padded copy.
 ///
 /// # Safety
-/// `S`'s instruction set is supported by the CPU; `len` values readable at
-/// `g` and `u` and writable at `o`.
+/// `S`'s instruction set is supported by the CPU; equal lengths.
 #[inline(always)]
-unsafe fn glu_simd<S: Simd>(kind: Glu, g: *const f32, u: *const f32, o: *mut f32, len: usize) {
+unsafe fn glu_simd<S: Simd>(kind: Glu, gate: &mut [f32], up: &[f32]) {
     let l = S::LANES;
-    let full = len / l * l;
-    // SAFETY (all calls): LANES values at each pointer (inside the caller's
-    // `len`, or the 16-value tail buffers).
-    unsafe {
-        for i in (0..full).step_by(l) {
-            glu_lanes::<S>(kind, g.add(i), u.add(i), o.add(i));
-        }
-        if full < len {
-            let n = len - full;
-            let (mut gt, mut ut, mut ot) = ([0.0f32; 16], [0.0f32; 16], [0.0f32; 16]);
-            std::ptr::copy_nonoverlapping(g.add(full), gt.as_mut_ptr(), n);
-            std::ptr::copy_nonoverlapping(u.add(full), ut.as_mut_ptr(), n);
-            glu_lanes::<S>(kind, gt.as_ptr(), ut.as_ptr(), ot.as_mut_ptr());
-            std::ptr::copy_nonoverlapping(ot.as_ptr(), o.add(full), n);
-        }
+    let full = gate.len() / l * l;
+    let g = gate.as_mut_ptr();
+    // SAFETY (both calls): LANES values at each pointer (the caller's
+    // equal lengths, or the 16-value tail buffers).
+    for i in (0..full).step_by(l) {
+        unsafe { glu_lanes::<S>(kind, g.add(i), up[i..].as_ptr(), g.add(i)) };
+    }
+    if full < gate.len() {
+        let n = gate.len() - full;
+        let (mut t, mut u) = ([0.0f32; 16], [0.0f32; 16]);
+        t[..n].copy_from_slice(&gate[full..]);
+        u[..n].copy_from_slice(&up[full..]);
+        unsafe { glu_lanes::<S>(kind, t.as_ptr(), u.as_ptr(), t.as_mut_ptr()) };
+        gate[full..].copy_from_slice(&t[..n]);
     }
 }
 

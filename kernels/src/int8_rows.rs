@@ -8,7 +8,11 @@
 //! two numbers stored with each block ([`Scheme`]). Both layouts stream
 //! 64-byte [`Line`]s.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
+
+use crate::split::OutPtr;
 
 /// Activations per block.
 const BLOCK: usize = 32;
@@ -182,7 +186,9 @@ pub(crate) fn with_rounded<R>(
 }
 
 /// Checks the operands of `out[n, rows] = x[n, cols] · Wᵀ` for `op` and
-/// says whether there is anything to multiply (an empty width gives zeros).
+/// returns `out` as the kernels' output pointer, or `None` when there is
+/// nothing to multiply (an empty width fills `out` with zeros). The products
+/// store every output once, so `out` need not be initialised.
 ///
 /// # Panics
 /// If `x` is not `n × cols` or `out` not `n × rows` values.
@@ -190,36 +196,25 @@ pub(crate) fn product_ready(
     op: &str,
     x: &[f32],
     n: usize,
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
     rows: usize,
     cols: usize,
-) -> bool {
+) -> Option<OutPtr> {
     assert_eq!(x.len(), n * cols, "{op}: x must be [n, cols]");
     assert_eq!(out.len(), n * rows, "{op}: out must be [n, rows]");
     if cols == 0 {
-        out.fill(0.0);
+        out.fill(MaybeUninit::new(0.0));
     }
-    n > 0 && rows > 0 && cols > 0
+    (n > 0 && rows > 0 && cols > 0).then(|| OutPtr(out.as_mut_ptr().cast()))
 }
 
-/// [`product_ready`] for an output of `n × rows` values not yet written
-/// (an allocating product that writes every output, so nothing needs zeroing
-/// first); returns it as the kernels' output pointer, or `None` when there is
-/// nothing to compute (a width of 0 fills it with zeros).
-pub(crate) fn uninit_ready(
-    op: &str,
-    x: &[f32],
-    n: usize,
-    out: &mut [std::mem::MaybeUninit<f32>],
-    rows: usize,
-    cols: usize,
-) -> Option<crate::split::OutPtr> {
-    assert_eq!(x.len(), n * cols, "{op}: x must be [n, cols]");
-    assert_eq!(out.len(), n * rows, "{op}: out must be [n, rows]");
-    if cols == 0 {
-        out.fill(std::mem::MaybeUninit::new(0.0));
-    }
-    (n > 0 && rows > 0 && cols > 0).then(|| crate::split::OutPtr(out.as_mut_ptr().cast()))
+/// `out` as outputs for the products above, which only store finished
+/// values into it.
+pub(crate) fn as_uninit(out: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, and every writer
+    // of the result stores initialised values only, so `out` stays
+    // initialised.
+    unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) }
 }
 
 #[cfg(target_arch = "x86_64")]

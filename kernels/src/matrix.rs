@@ -585,30 +585,31 @@ impl Matrix {
     pub fn forward_group<const N: usize>(mats: [&Matrix; N], x: &[f32]) -> [Vec<f32>; N] {
         let n = mats.first().map_or(0, |m| x.len() / m.cols.max(1));
         let panels: Option<Vec<&Panels>> = mats.iter().map(|m| m.panels()).collect();
-        if let Some(p) = panels.filter(|_| mats.iter().all(|m| m.cols == mats[0].cols)) {
-            if x.len() == n * mats.first().map_or(0, |m| m.cols) {
-                let mut outs: [Vec<f32>; N] =
-                    std::array::from_fn(|i| Vec::with_capacity(n * mats[i].rows));
-                {
-                    let mut refs: Vec<&mut [MaybeUninit<f32>]> = outs
-                        .iter_mut()
-                        .zip(&mats)
-                        .map(|(o, m)| &mut o.spare_capacity_mut()[..n * m.rows])
-                        .collect();
-                    Panels::matmul_group_uninit(&p, x, n, &mut refs);
-                }
+        let whole = mats
+            .iter()
+            .all(|m| m.cols == mats[0].cols && x.len() == n * m.cols);
+        let mut outs: [Vec<f32>; N] = std::array::from_fn(|i| Vec::with_capacity(n * mats[i].rows));
+        match panels {
+            Some(p) if whole => {
+                let mut refs: Vec<&mut [MaybeUninit<f32>]> = outs
+                    .iter_mut()
+                    .zip(&mats)
+                    .map(|(o, m)| &mut o.spare_capacity_mut()[..n * m.rows])
+                    .collect();
+                Panels::matmul_group_uninit(&p, x, n, &mut refs);
                 for (o, m) in outs.iter_mut().zip(&mats) {
                     // SAFETY: the grouped product wrote each of the n × rows
                     // outputs (Panels::matmul_group_uninit).
                     unsafe { o.set_len(n * m.rows) };
                 }
-                return outs;
             }
-        }
-        let mut outs: [Vec<f32>; N] = std::array::from_fn(|i| vec![0.0; n * mats[i].rows]);
-        {
-            let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-            Matrix::matmul_group(&mats, x, &mut refs);
+            _ => {
+                for (o, m) in outs.iter_mut().zip(&mats) {
+                    o.resize(n * m.rows, 0.0);
+                }
+                let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                Matrix::matmul_group(&mats, x, &mut refs);
+            }
         }
         outs
     }
@@ -618,23 +619,20 @@ impl Matrix {
     pub fn forward(&self, x: &[f32]) -> Vec<f32> {
         let n = x.len() / self.cols;
         let len = n * self.rows;
-        let uninit = |f: &dyn Fn(&mut [MaybeUninit<f32>])| {
-            let mut out = Vec::with_capacity(len);
-            f(&mut out.spare_capacity_mut()[..len]);
-            // SAFETY: the panel product wrote each of the n × rows outputs
-            // (`matmul_uninit`).
-            unsafe { out.set_len(len) };
-            out
-        };
-        if x.len() == n * self.cols {
-            match &self.weights {
-                Weights::Panels(p) => return uninit(&|o| p.matmul_uninit(x, n, o)),
-                Weights::Q8Panels(p) => return uninit(&|o| p.matmul_uninit(x, n, o)),
-                Weights::Rows { .. } => {}
+        let mut out = Vec::with_capacity(len);
+        let o = &mut out.spare_capacity_mut()[..len];
+        match &self.weights {
+            Weights::Panels(p) if x.len() == n * self.cols => p.matmul_uninit(x, n, o),
+            Weights::Q8Panels(p) if x.len() == n * self.cols => p.matmul_uninit(x, n, o),
+            _ => {
+                out.resize(len, 0.0);
+                self.matmul(x, &mut out);
+                return out;
             }
         }
-        let mut out = vec![0.0; len];
-        self.matmul(x, &mut out);
+        // SAFETY: the panel product wrote each of the n × rows outputs
+        // (`matmul_uninit`).
+        unsafe { out.set_len(len) };
         out
     }
 

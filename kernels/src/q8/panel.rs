@@ -36,7 +36,7 @@ use std::mem::MaybeUninit;
 
 use crate::error::Result;
 use crate::int8_rows::{
-    product_ready, uninit_ready, with_rounded, Line, QuantRows, Scheme, MIN_TASK_MACS,
+    as_uninit, product_ready, with_rounded, Line, QuantRows, Scheme, MIN_TASK_MACS,
 };
 use crate::split::{for_row_ranges, OutPtr};
 
@@ -258,8 +258,9 @@ impl Q8Panels {
     /// # Panics
     /// As [`Q8Panels::matmul`], and if `kernel` is not supported here.
     pub fn matmul_with(&self, kernel: Q8PanelKernel, x: &[f32], n: usize, out: &mut [f32]) {
-        if product_ready("Q8Panels::matmul", x, n, out, self.rows, self.cols) {
-            self.product(kernel, x, n, OutPtr(out.as_mut_ptr()));
+        let out = as_uninit(out);
+        if let Some(o) = product_ready("Q8Panels::matmul", x, n, out, self.rows, self.cols) {
+            self.product(kernel, x, n, o);
         }
     }
 
@@ -269,7 +270,7 @@ impl Q8Panels {
     /// # Panics
     /// As [`Q8Panels::matmul`].
     pub fn matmul_uninit(&self, x: &[f32], n: usize, out: &mut [MaybeUninit<f32>]) {
-        if let Some(o) = uninit_ready("Q8Panels::matmul", x, n, out, self.rows, self.cols) {
+        if let Some(o) = product_ready("Q8Panels::matmul", x, n, out, self.rows, self.cols) {
             self.product(Q8PanelKernel::best(), x, n, o);
         }
     }

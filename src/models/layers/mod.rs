@@ -226,23 +226,9 @@ impl GluAct {
 
     /// `out = act(gate) · up`.
     pub fn apply(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        match self {
-            GluAct::Silu => activation::swiglu(gate, up, out),
-            GluAct::Situ {
-                beta,
-                linear_beta: Some(lb),
-            } => activation::situ_glu(gate, up, beta, lb, out),
-            GluAct::Situ {
-                beta,
-                linear_beta: None,
-            } => {
-                assert_eq!(gate.len(), up.len(), "situ: gate and up lengths differ");
-                assert_eq!(gate.len(), out.len(), "situ: out length differs");
-                for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-                    *o = beta * (g / beta).tanh() * activation::sigmoid(g) * u;
-                }
-            }
-        }
+        assert_eq!(gate.len(), out.len(), "glu: out length differs");
+        out.copy_from_slice(gate);
+        self.apply_in_place(out, up);
     }
 }
 

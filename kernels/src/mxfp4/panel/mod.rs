@@ -45,7 +45,7 @@ use std::mem::MaybeUninit;
 use super::{check_layout, BLOCK_BYTES, BLOCK_ELEMS, E2M1_X2_U8, E8M0_TABLE, ZERO_BLOCK_SCALE};
 use crate::error::Result;
 use crate::int8_rows::{
-    product_ready, uninit_ready, with_rounded, Line, QuantRows, Scheme, MIN_TASK_MACS,
+    as_uninit, product_ready, with_rounded, Line, QuantRows, Scheme, MIN_TASK_MACS,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -294,8 +294,9 @@ impl Panels {
             kernel.supported(),
             "Panels::matmul: {kernel:?} is not supported here"
         );
-        if product_ready("Panels::matmul", x, n, out, self.rows, self.cols) {
-            self.product(kernel, mr, x, n, OutPtr(out.as_mut_ptr()));
+        if let Some(o) = product_ready("Panels::matmul", x, n, as_uninit(out), self.rows, self.cols)
+        {
+            self.product(kernel, mr, x, n, o);
         }
     }
 
@@ -305,7 +306,7 @@ impl Panels {
     /// # Panics
     /// As [`Panels::matmul`].
     pub fn matmul_uninit(&self, x: &[f32], n: usize, out: &mut [MaybeUninit<f32>]) {
-        if let Some(o) = uninit_ready("Panels::matmul", x, n, out, self.rows, self.cols) {
+        if let Some(o) = product_ready("Panels::matmul", x, n, out, self.rows, self.cols) {
             let kernel = PanelKernel::best();
             self.product(kernel, kernel.tile_rows(), x, n, o);
         }
@@ -333,17 +334,9 @@ impl Panels {
     /// If the widths differ, `x` is not `n × cols` or `outs[m]` not
     /// `n × mats[m].rows` values.
     pub fn matmul_group(mats: &[&Panels], x: &[f32], n: usize, outs: &mut [&mut [f32]]) {
-        Panels::check_group(mats, x, n, outs.iter().map(|o| o.len()));
-        let kernel = PanelKernel::best();
-        if n == 0 || mats.is_empty() || mats[0].cols == 0 || kernel == PanelKernel::Avx2 {
-            // AVX2 tiles are 2 rows: no gain to share; keep one call each.
-            for (m, o) in mats.iter().zip(outs.iter_mut()) {
-                m.matmul(x, n, o);
-            }
-            return;
-        }
-        let ptrs: Vec<OutPtr> = outs.iter_mut().map(|o| OutPtr(o.as_mut_ptr())).collect();
-        Panels::group_product(kernel, mats, x, n, &ptrs);
+        let mut outs: Vec<&mut [MaybeUninit<f32>]> =
+            outs.iter_mut().map(|o| as_uninit(o)).collect();
+        Panels::matmul_group_uninit(mats, x, n, &mut outs);
     }
 
     /// [`Panels::matmul_group`] into outputs not yet written (each is
@@ -360,6 +353,7 @@ impl Panels {
         Panels::check_group(mats, x, n, outs.iter().map(|o| o.len()));
         let kernel = PanelKernel::best();
         if n == 0 || mats.is_empty() || mats[0].cols == 0 || kernel == PanelKernel::Avx2 {
+            // AVX2 tiles are 2 rows: no gain to share; keep one call each.
             for (m, o) in mats.iter().zip(outs.iter_mut()) {
                 m.matmul_uninit(x, n, o);
             }
